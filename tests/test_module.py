@@ -1,0 +1,358 @@
+"""Copying modules: rebuilt from their state, for every kind of model that produces non-leaf tensors."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Iterator, List, Tuple
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import CachingNet, native_refuses
+
+import deepcopy_shim
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
+
+
+@pytest.fixture(autouse=True)
+def silent() -> Iterator[None]:
+    deepcopy_shim.enable("silent")
+    yield
+
+
+def snapshot(obj: Any) -> Dict[str, Any]:
+    """Everything observable about a module's tensors and attributes, to prove it never changes."""
+    out: Dict[str, Any] = {}
+    for module_name, module in obj.named_modules(remove_duplicate=False):
+        for key, value in vars(module).items():
+            name = f"{module_name}:{key}"
+            if isinstance(value, torch.Tensor):
+                out[name] = (id(value), value.is_leaf, value.grad_fn, value.requires_grad, value.detach().clone())
+            elif isinstance(value, dict):
+                out[name] = (id(value), {k: id(v) for k, v in value.items()})
+            else:
+                out[name] = id(value)
+        for pname, p in module.named_parameters(recurse=False):
+            out[f"{module_name}:param:{pname}"] = (id(p), p.detach().clone(), p.grad)
+    return out
+
+
+def assert_same_snapshot(a: Dict[str, Any], b: Dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, tuple):
+            assert len(x) == len(y), key
+            for u, v in zip(x, y):
+                if isinstance(u, torch.Tensor):
+                    assert torch.equal(u, v), key
+                else:
+                    assert u is v or u == v, key
+        else:
+            assert x == y, key
+
+
+def assert_independent_copy(src: nn.Module, dst: nn.Module) -> None:
+    assert type(dst) is type(src)
+    assert dst.state_dict().keys() == src.state_dict().keys()
+    src_ptrs = {t.untyped_storage().data_ptr() for t in src.state_dict().values() if t.numel()}
+    for name, value in dst.state_dict(keep_vars=True).items():
+        assert torch.equal(value.detach(), src.state_dict()[name].detach()), name
+        if value.numel():
+            assert value.untyped_storage().data_ptr() not in src_ptrs, name
+    for (n1, p1), (n2, p2) in zip(src.named_parameters(), dst.named_parameters()):
+        assert n1 == n2 and p1 is not p2 and p2.requires_grad == p1.requires_grad
+
+
+def test_cached_outputs_in_attributes_dicts_and_lists(caching_net: CachingNet) -> None:
+    before = snapshot(caching_net)
+    c = copy.deepcopy(caching_net)
+    assert_same_snapshot(before, snapshot(caching_net))
+    assert_independent_copy(caching_net, c)
+    for src, dst in [
+        (caching_net.head.last_out, c.head.last_out),
+        (caching_net.cache["mid"], c.cache["mid"]),
+        (caching_net.cache["list"][0], c.cache["list"][0]),
+    ]:
+        assert dst.is_leaf and dst.requires_grad and torch.equal(dst, src.detach())
+
+
+def test_copy_trains_independently(caching_net: CachingNet) -> None:
+    before = snapshot(caching_net)
+    c = copy.deepcopy(caching_net)
+    opt = torch.optim.SGD(c.parameters(), lr=0.5)
+    c(torch.randn(3, 4)).sum().backward()
+    c.head.last_out.sum()  # the cached copy is usable on its own
+    opt.step()
+    assert all(p.grad is None for p in caching_net.parameters())
+    assert_same_snapshot(before, snapshot(caching_net))
+    assert not torch.equal(c.fc.weight, caching_net.fc.weight)
+
+
+def test_hook_based_weight_norm_before_any_forward() -> None:
+    layer = torch.nn.utils.weight_norm(nn.Linear(5, 3))
+    assert not layer.weight.is_leaf and native_refuses(layer)
+    c = copy.deepcopy(layer)
+    assert c.weight.is_leaf and torch.equal(c.weight, layer.weight.detach())
+    x = torch.randn(2, 5)
+    assert torch.allclose(c(x), layer(x))
+    with torch.no_grad():
+        c.weight_g.mul_(2)
+    assert not torch.allclose(c(x), layer(x))  # the copy's hook uses the copy's parameters
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_hook_based_spectral_norm_after_forward(train: bool) -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.utils.spectral_norm(nn.Linear(5, 4))
+    layer.train(train)
+    layer(torch.randn(3, 5))
+    assert not layer.weight.is_leaf and native_refuses(layer)
+    before = snapshot(layer)
+    c = copy.deepcopy(layer)
+    assert_same_snapshot(before, snapshot(layer))
+    assert c.training is train
+    assert torch.equal(c.weight_u, layer.weight_u) and c.weight_u is not layer.weight_u
+    c.eval()
+    layer.eval()
+    x = torch.randn(2, 5)
+    assert torch.allclose(c(x), layer(x))
+
+
+def test_parametrizations_weight_norm_and_orthogonal() -> None:
+    from torch.nn.utils import parametrizations
+
+    wn = parametrizations.weight_norm(nn.Linear(4, 4))
+    orth = parametrizations.orthogonal(nn.Linear(4, 4))
+    model = nn.Sequential(wn, orth)
+    model(torch.randn(2, 4))
+    c = copy.deepcopy(model)
+    x = torch.randn(3, 4)
+    assert torch.allclose(c(x), model(x), atol=1e-6)
+    assert c.state_dict().keys() == model.state_dict().keys()
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
+def test_rnns_with_flat_weights(cls: type) -> None:
+    class Cached(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = cls(4, 6, num_layers=2, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, self.state = self.rnn(x)
+            return out
+
+    model = Cached()
+    x = torch.randn(2, 3, 4)
+    model(x)
+    assert native_refuses(model)
+    c = copy.deepcopy(model)
+    assert torch.allclose(c(x), model(x))
+    for p_src, p_dst in zip(model.rnn._flat_weights, c.rnn._flat_weights):
+        assert p_dst is not p_src and torch.equal(p_dst, p_src)
+    assert {id(p) for p in c.rnn._flat_weights} == {id(p) for p in c.rnn.parameters()}
+
+
+def test_transformer_encoder_clones_a_layer_with_a_cache() -> None:
+    layer = nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True)
+    layer.cached = layer.linear1(torch.randn(2, 8))  # a layer that cached an activation
+    assert native_refuses(layer)
+    encoder = nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
+    assert len(encoder.layers) == 3
+    assert all(m.cached.is_leaf for m in encoder.layers)
+    ptrs = {m.linear1.weight.data_ptr() for m in encoder.layers}
+    assert len(ptrs) == 3 and layer.linear1.weight.data_ptr() not in ptrs
+    encoder.eval()
+    layer.eval()
+    x = torch.randn(2, 5, 8)
+    out = x
+    for _ in range(3):
+        out = layer(out)
+    assert torch.allclose(encoder(x), out, atol=1e-5)
+
+
+def test_lazy_modules_uninitialized_and_initialized() -> None:
+    lazy = nn.LazyLinear(3)
+    c = copy.deepcopy(lazy)
+    assert isinstance(c.weight, nn.parameter.UninitializedParameter)
+    c(torch.randn(2, 5))
+    assert c.weight.shape == (3, 5) and isinstance(lazy.weight, nn.parameter.UninitializedParameter)
+    lazy(torch.randn(2, 7))
+    lazy.out = lazy(torch.randn(1, 7))
+    c2 = copy.deepcopy(lazy)
+    assert c2.weight.shape == (3, 7) and c2.out.is_leaf
+
+
+def test_fx_graph_module_keeps_its_own_deepcopy() -> None:
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
+    linear = gm.get_submodule("0")
+    linear.cached = linear(torch.randn(2, 3))
+    assert native_refuses(gm)
+    c = copy.deepcopy(gm)
+    assert isinstance(c, torch.fx.GraphModule)
+    assert c.get_submodule("0").cached.is_leaf
+    x = torch.randn(2, 3)
+    assert torch.allclose(c(x), gm(x))
+
+
+def test_scripted_module_keeps_its_own_deepcopy() -> None:
+    scripted = torch.jit.script(nn.Linear(3, 2))
+    c = copy.deepcopy(scripted)
+    x = torch.randn(4, 3)
+    assert torch.allclose(c(x), scripted(x))
+    assert c.weight.data_ptr() != scripted.weight.data_ptr()
+
+
+def test_model_and_optimizer_copied_together(caching_net: CachingNet) -> None:
+    opt = torch.optim.Adam(caching_net.parameters(), lr=1e-2)
+    caching_net(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    caching_net(torch.randn(3, 4))  # re-cache activations after the step
+    bundle = copy.deepcopy({"model": caching_net, "opt": opt})
+    model, new_opt = bundle["model"], bundle["opt"]
+    copied_params = {id(p) for p in model.parameters()}
+    assert {id(p) for g in new_opt.param_groups for p in g["params"]} == copied_params
+    assert set(map(id, new_opt.state.keys())) == copied_params
+    for p_src, p_dst in zip(caching_net.parameters(), model.parameters()):
+        assert torch.equal(new_opt.state[p_dst]["exp_avg"], opt.state[p_src]["exp_avg"])
+    model(torch.randn(3, 4)).sum().backward()
+    new_opt.step()
+
+
+def test_hooks_are_rebound_to_the_copy() -> None:
+    seen: List[str] = []
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            self.fc.register_forward_hook(self.remember)
+            self.handle = self.fc.register_forward_pre_hook(lambda m, i: seen.append("pre"))
+
+        def remember(self, module: nn.Module, inp: Any, out: torch.Tensor) -> None:
+            self.last = out
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    net = Net()
+    net(torch.randn(1, 2))
+    c = copy.deepcopy(net)
+    c(torch.randn(1, 2))
+    assert c.last is not net.last and c.last.grad_fn is not None
+    (hook,) = c.fc._forward_hooks.values()
+    assert hook.__self__ is c
+    c.handle.remove()
+    assert not c.fc._forward_pre_hooks and len(net.fc._forward_pre_hooks) == 1
+
+
+def test_tied_weights_shared_submodules_and_cycles() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.out = nn.Linear(4, 10, bias=False)
+            self.out.weight = self.embed.weight
+            shared = nn.Linear(4, 4)
+            self.a, self.b = shared, shared
+            self.meta = {"owner": self}
+
+    model = Tied()
+    model.act = model.embed(torch.tensor([1, 2]))
+    c = copy.deepcopy(model)
+    assert c.out.weight is c.embed.weight
+    assert c.a is c.b
+    assert c.meta["owner"] is c
+    assert c.state_dict().keys() == model.state_dict().keys()
+
+
+def test_buffers_persistent_and_not_and_training_flag() -> None:
+    class Buffers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = nn.BatchNorm1d(3)
+            self.register_buffer("scratch", torch.zeros(2), persistent=False)
+            self.register_buffer("computed", torch.ones(2, requires_grad=True) * 2)
+
+    model = Buffers().eval()
+    assert native_refuses(model)
+    c = copy.deepcopy(model)
+    assert not c.training and not c.bn.training
+    assert c._non_persistent_buffers_set == {"scratch"}
+    assert c.computed.is_leaf and torch.equal(c.computed, torch.full((2,), 2.0))
+    assert dict(c.named_buffers()).keys() == dict(model.named_buffers()).keys()
+
+
+def test_custom_getstate_module_uses_the_faithful_path() -> None:
+    class Custom(nn.Linear):
+        def __getstate__(self) -> Dict[str, Any]:
+            state = super().__getstate__()
+            state["restored_by_getstate"] = True
+            return state
+
+    m = Custom(2, 2)
+    m.out = m(torch.randn(1, 2))
+    c = copy.deepcopy(m)
+    assert c.restored_by_getstate and c.out.is_leaf
+
+
+def test_slots_module_uses_the_faithful_path() -> None:
+    class Slotted(nn.Linear):
+        __slots__ = ("extra",)
+
+    m = Slotted(2, 2)
+    m.extra = torch.ones(2)
+    deepcopy_shim.disable()
+    native = copy.deepcopy(m)
+    deepcopy_shim.enable("silent")
+    c = copy.deepcopy(m)
+    # nn.Module.__getstate__ returns only __dict__, so native deepcopy drops slots: so do we.
+    assert hasattr(c, "extra") == hasattr(native, "extra")
+    assert vars(c).keys() == vars(native).keys()
+
+
+def test_averaged_model_swa() -> None:
+    from torch.optim.swa_utils import AveragedModel
+
+    net = CachingNet()
+    net(torch.randn(2, 4))
+    assert native_refuses(net)
+    swa = AveragedModel(net)
+    swa.update_parameters(net)
+    assert torch.equal(swa.module.fc.weight, net.fc.weight)
+
+
+def test_quantize_dynamic_not_inplace() -> None:
+    from torch.ao.quantization import quantize_dynamic
+
+    net = CachingNet().eval()
+    net(torch.randn(2, 4))
+    q = quantize_dynamic(net, {nn.Linear}, dtype=torch.qint8, inplace=False)
+    assert type(net.fc) is nn.Linear and type(q.fc) is not nn.Linear
+    x = torch.randn(2, 4)
+    assert torch.allclose(q(x), net(x), atol=0.1)
+
+
+def test_native_path_when_patch_installed_but_no_mode_active(caching_net: CachingNet) -> None:
+    deepcopy_shim.disable()
+    with deepcopy_shim.enabled("silent"):
+        plain = nn.Sequential(nn.Linear(2, 2))
+        copied_inside = copy.deepcopy(plain)
+    assert isinstance(copied_inside, nn.Sequential)
+    assert native_refuses(caching_net)
+
+
+def test_pre_and_post_copy_results_equal_native_for_leaf_only_models() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3), nn.ReLU())
+    deepcopy_shim.disable()
+    native = copy.deepcopy(model)
+    deepcopy_shim.enable("silent")
+    shim = copy.deepcopy(model)
+    x = torch.randn(2, 3)
+    assert torch.equal(native(x), shim(x))
+    pairs: List[Tuple[nn.Module, nn.Module]] = list(zip(native.modules(), shim.modules()))
+    for a, b in pairs:
+        assert type(a) is type(b) and vars(a).keys() == vars(b).keys()

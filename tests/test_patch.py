@@ -1,0 +1,313 @@
+"""Installing, scoping and removing the patch."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+from typing import Dict, List, Optional
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import ORIGINAL_MODULE_ATTRS, ORIGINAL_TENSOR_DEEPCOPY, CachingNet, native_refuses
+
+import deepcopy_shim
+from deepcopy_shim import Mode, _modes, _patch
+
+
+def test_enable_installs_and_disable_restores_identity(caching_net: CachingNet) -> None:
+    assert native_refuses(caching_net)
+    deepcopy_shim.enable()
+    assert _patch.is_installed()
+    assert vars(torch.Tensor)["__deepcopy__"] is not ORIGINAL_TENSOR_DEEPCOPY
+    assert "__deepcopy__" in vars(nn.Module)
+    deepcopy_shim.disable()
+    assert vars(torch.Tensor)["__deepcopy__"] is ORIGINAL_TENSOR_DEEPCOPY
+    assert dict(vars(nn.Module)) == ORIGINAL_MODULE_ATTRS
+    assert native_refuses(caching_net)  # the native error is back, verbatim
+
+
+def test_enable_is_idempotent_and_only_changes_mode() -> None:
+    deepcopy_shim.enable()
+    patched = vars(torch.Tensor)["__deepcopy__"]
+    deepcopy_shim.enable("strict")
+    assert vars(torch.Tensor)["__deepcopy__"] is patched  # never wrapped twice
+    assert patched.__wrapped__ is ORIGINAL_TENSOR_DEEPCOPY
+    assert _modes.current_mode() is Mode.STRICT
+    assert _patch._users == 1
+    deepcopy_shim.disable()
+    assert not _patch.is_installed()
+
+
+def test_disable_when_not_enabled_is_safe() -> None:
+    deepcopy_shim.disable()
+    deepcopy_shim.disable()
+    assert not deepcopy_shim.is_enabled()
+
+
+@pytest.mark.parametrize("bad", ["loud", "", None, 3, "warn strict"])
+def test_invalid_mode_raises_and_changes_nothing(bad: object) -> None:
+    deepcopy_shim.enable("silent")
+    with pytest.raises(ValueError, match=r"invalid mode .*'warn', 'strict', 'silent'"):
+        deepcopy_shim.enable(bad)  # type: ignore[arg-type]
+    assert _modes.current_mode() is Mode.SILENT
+    with pytest.raises(ValueError, match="invalid mode"):
+        deepcopy_shim.enabled(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="invalid mode"):
+        deepcopy_shim.deepcopy(torch.ones(1), bad)  # type: ignore[arg-type]
+    assert _patch._users == 1
+
+
+def test_modes_accept_enum_and_any_case() -> None:
+    assert Mode.parse("STRICT") is Mode.STRICT
+    assert Mode.parse(Mode.WARN) is Mode.WARN
+    assert Mode.SILENT == "silent" and str(Mode.SILENT) == "silent"
+
+
+def test_is_enabled_follows_global_and_scopes() -> None:
+    assert not deepcopy_shim.is_enabled()
+    with deepcopy_shim.enabled("silent"):
+        assert deepcopy_shim.is_enabled()
+    assert not deepcopy_shim.is_enabled()
+    deepcopy_shim.enable()
+    assert deepcopy_shim.is_enabled()
+
+
+def test_enabled_nests_and_restores_exactly(caching_net: CachingNet) -> None:
+    deepcopy_shim.enable("silent")
+    with deepcopy_shim.enabled("strict"):
+        assert _modes.current_mode() is Mode.STRICT
+        with deepcopy_shim.enabled("warn"):
+            assert _modes.current_mode() is Mode.WARN
+        assert _modes.current_mode() is Mode.STRICT
+        with pytest.raises(deepcopy_shim.NonLeafTensorError):
+            copy.deepcopy(caching_net)
+    assert _modes.current_mode() is Mode.SILENT
+    assert _patch._users == 1
+
+
+def test_scope_keeps_patch_until_it_exits_even_if_disabled_inside(caching_net: CachingNet) -> None:
+    deepcopy_shim.enable()
+    with deepcopy_shim.enabled("silent"):
+        deepcopy_shim.disable()
+        assert _patch.is_installed()
+        copy.deepcopy(caching_net)  # the scope still applies
+    assert not _patch.is_installed()
+    assert native_refuses(caching_net)
+
+
+def test_enabled_as_decorator_and_start_stop(caching_net: CachingNet) -> None:
+    @deepcopy_shim.enabled("silent")
+    def make_copy(net: nn.Module) -> nn.Module:
+        assert _modes.current_mode() is Mode.SILENT
+        return copy.deepcopy(net)
+
+    assert make_copy(caching_net).head.last_out.is_leaf
+    assert make_copy.__name__ == "make_copy"
+    assert not _patch.is_installed()
+
+    scope = deepcopy_shim.enabled("strict")
+    scope.start()
+    assert _modes.current_mode() is Mode.STRICT
+    scope.stop()
+    assert _modes.current_mode() is None
+    with pytest.raises(RuntimeError, match="without a matching start"):
+        scope.stop()
+
+
+def test_enabled_decorates_coroutines(caching_net: CachingNet) -> None:
+    @deepcopy_shim.enabled("silent")
+    async def make_copy() -> nn.Module:
+        await asyncio.sleep(0)
+        return copy.deepcopy(caching_net)
+
+    assert asyncio.run(make_copy()).head.last_out.is_leaf
+    assert _modes.current_mode() is None
+
+
+def test_enabled_reports_public_module_path() -> None:
+    assert deepcopy_shim.enabled.__module__ == "deepcopy_shim"
+    assert Mode.__module__ == "deepcopy_shim"
+    assert deepcopy_shim.NonLeafTensorError.__module__ == "deepcopy_shim"
+    assert repr(deepcopy_shim.enabled("strict")) == "deepcopy_shim.enabled(mode='strict')"
+
+
+def test_deepcopy_function_enables_nothing_globally(caching_net: CachingNet) -> None:
+    copied = deepcopy_shim.deepcopy(caching_net, mode="silent")
+    assert copied.head.last_out.is_leaf
+    assert not _patch.is_installed()
+    assert not deepcopy_shim.is_enabled()
+
+
+def test_threads_see_only_their_own_scope(caching_net: CachingNet) -> None:
+    """Threads copying at once in warn, strict, silent and no mode each get their own behaviour."""
+    barrier = threading.Barrier(4)
+    outcomes: Dict[str, str] = {}
+    warned_in: List[str] = []
+
+    def record(message: object, category: type, *args: object, **kwargs: object) -> None:
+        # warnings state is process-global: attribute each warning to the thread emitting it.
+        warned_in.append(threading.current_thread().name)
+
+    def copy_once() -> str:
+        try:
+            copy.deepcopy(caching_net)
+            return "copied"
+        except deepcopy_shim.NonLeafTensorError:
+            return "refused"
+        except RuntimeError as exc:
+            return "native error" if "graph leaves" in str(exc) else repr(exc)
+
+    def run(mode: Optional[str]) -> None:
+        seen = set()
+        for i in range(20):
+            if mode is None:
+                if i == 0:
+                    barrier.wait()
+                seen.add(copy_once())
+            else:
+                with deepcopy_shim.enabled(mode):
+                    if i == 0:
+                        barrier.wait()
+                    seen.add(copy_once())
+        outcomes[threading.current_thread().name] = "/".join(sorted(seen))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        threads = [
+            threading.Thread(target=run, args=(mode,), name=str(mode))
+            for mode in ["warn", "strict", "silent", None]
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert outcomes == {
+        "warn": "copied", "strict": "refused", "silent": "copied", "None": "native error"
+    }
+    assert warned_in == ["warn"] * 20  # one warning per top-level copy, only in warn mode
+    assert not _patch.is_installed()
+
+
+def test_concurrent_enable_disable_counts_exactly() -> None:
+    def churn() -> None:
+        for _ in range(200):
+            with deepcopy_shim.enabled("silent"):
+                assert _patch.is_installed()
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _patch._users == 0 and not _patch.is_installed()
+
+
+def test_parametrized_while_enabled_still_copies_after_disable() -> None:
+    from torch.nn.utils import parametrizations, parametrize
+
+    deepcopy_shim.enable()
+    assert not hasattr(nn.Linear, "__deepcopy__")  # what parametrize checks
+    layer = parametrizations.weight_norm(nn.Linear(3, 3))
+    assert parametrize.is_parametrized(layer)
+    deepcopy_shim.disable()
+    copied = copy.deepcopy(layer)
+    assert torch.equal(copied.weight, layer.weight)
+
+
+def test_mixin_deepcopy_after_module_in_mro_is_honoured() -> None:
+    class CopyCounter:
+        def __deepcopy__(self, memo: dict) -> str:
+            return "mixin copy"
+
+    class Net(nn.Linear, CopyCounter):
+        pass
+
+    deepcopy_shim.enable()
+    assert copy.deepcopy(Net(2, 2)) == "mixin copy"
+
+
+def test_someone_patching_over_us_is_left_in_place() -> None:
+    deepcopy_shim.enable()
+    ours = vars(torch.Tensor)["__deepcopy__"]
+
+    def theirs(self: torch.Tensor, memo: dict) -> torch.Tensor:
+        return ours(self, memo)
+
+    torch.Tensor.__deepcopy__ = theirs  # type: ignore[method-assign]
+    try:
+        with pytest.warns(deepcopy_shim.PatchConflictWarning, match="replaced by someone else"):
+            deepcopy_shim.disable()
+        assert vars(torch.Tensor)["__deepcopy__"] is theirs
+        assert "__deepcopy__" not in vars(nn.Module)
+        with pytest.raises(RuntimeError, match="graph leaves"):
+            copy.deepcopy(torch.ones(1, requires_grad=True) * 2)  # ours beneath is inert
+    finally:
+        torch.Tensor.__deepcopy__ = ORIGINAL_TENSOR_DEEPCOPY  # type: ignore[method-assign]
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_enable_before_torch_import_patches_on_import_without_importing_torch() -> None:
+    result = _run(
+        """
+        import sys, copy
+        import deepcopy_shim
+        deepcopy_shim.enable("silent")
+        assert "torch" not in sys.modules, "enable() imported torch"
+        assert deepcopy_shim.is_enabled()
+        import torch
+        from deepcopy_shim import _patch
+        assert _patch.is_installed()
+        t = torch.ones(2, requires_grad=True) * 3
+        c = copy.deepcopy(t)
+        assert c.is_leaf and c.requires_grad and torch.equal(c, t)
+        deepcopy_shim.disable()
+        try:
+            copy.deepcopy(t)
+        except RuntimeError as e:
+            assert "graph leaves" in str(e)
+        else:
+            raise AssertionError("native error not restored")
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_enable_then_disable_before_torch_import_leaves_torch_untouched() -> None:
+    result = _run(
+        """
+        import deepcopy_shim
+        deepcopy_shim.enable()
+        deepcopy_shim.disable()
+        import torch
+        assert "__deepcopy__" not in vars(torch.nn.Module)
+        assert type(vars(torch.Tensor)["__deepcopy__"]).__name__ == "function"
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    result = _run(
+        """
+        import sys, deepcopy_shim
+        assert deepcopy_shim.find_nonleaf_tensors({"a": 1}) == []
+        print("torch" in sys.modules)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
