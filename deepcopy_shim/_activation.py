@@ -101,7 +101,16 @@ class enabled:
         self.stop()
 
     def __call__(self, func: _F) -> _F:
-        """Decorate ``func`` (sync or async) so that each call runs in its own scope."""
+        """Decorate ``func`` (sync or async) so that each call runs in its own scope.
+
+        Raises ``TypeError`` for generator functions: their body runs when iterated, outside
+        any scope the call could set up, so decorating them would silently do nothing.
+        """
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"deepcopy_shim.enabled cannot decorate the generator function {func.__qualname__}: "
+                "its body runs outside the call; use `with deepcopy_shim.enabled(...):` inside it."
+            )
         mode = self.mode
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)

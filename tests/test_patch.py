@@ -9,7 +9,7 @@ import sys
 import textwrap
 import threading
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 import torch
@@ -128,6 +128,14 @@ def test_enabled_decorates_coroutines(caching_net: CachingNet) -> None:
 
     assert asyncio.run(make_copy()).head.last_out.is_leaf
     assert _modes.current_mode() is None
+
+
+def test_enabled_refuses_generator_functions() -> None:
+    def gen() -> Iterator[int]:
+        yield 1
+
+    with pytest.raises(TypeError, match="generator function"):
+        deepcopy_shim.enabled()(gen)
 
 
 def test_enabled_reports_public_module_path() -> None:
