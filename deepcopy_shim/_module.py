@@ -90,7 +90,7 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
 def _is_plain_reduction(rv: Any, cls: type) -> bool:
     return (
         len(rv) >= 3
-        and rv[0] is copyreg.__newobj__
+        and rv[0] is copyreg.__newobj__  # type: ignore[attr-defined]
         and len(rv[1]) == 1
         and rv[1][0] is cls
         and type(rv[2]) is dict

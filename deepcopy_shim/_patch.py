@@ -45,8 +45,9 @@ class _Installed:
         from ._module import ModuleDeepcopy
         from ._tensor import StableFunctionWrapper, make_tensor_deepcopy_wrapper
 
-        self.tensor_cls = torch.Tensor
-        self.module_cls = torch.nn.Module
+        # Typed as Any: the point is to assign attributes the type checker knows as methods.
+        self.tensor_cls: Any = torch.Tensor
+        self.module_cls: Any = torch.nn.Module
         if "__deepcopy__" in vars(self.module_cls):
             raise RuntimeError(
                 "deepcopy_shim cannot install: torch.nn.Module already defines __deepcopy__ "
@@ -59,7 +60,7 @@ class _Installed:
         )
         self.module_patch = ModuleDeepcopy()
         self.tensor_cls.__deepcopy__ = self.tensor_patch
-        self.module_cls.__deepcopy__ = self.module_patch  # type: ignore[attr-defined]
+        self.module_cls.__deepcopy__ = self.module_patch
 
     def remove(self) -> None:
         if vars(self.tensor_cls).get("__deepcopy__") is self.tensor_patch:
@@ -67,7 +68,7 @@ class _Installed:
         else:
             _conflict("torch.Tensor.__deepcopy__")
         if vars(self.module_cls).get("__deepcopy__") is self.module_patch:
-            del self.module_cls.__deepcopy__  # type: ignore[attr-defined]
+            del self.module_cls.__deepcopy__
         else:
             _conflict("torch.nn.Module.__deepcopy__")
 

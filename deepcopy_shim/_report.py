@@ -134,7 +134,7 @@ class CopyReport:
         items = self.findings
         if any(t is tensor for _, t in items):
             return items
-        return items + [(_UNKNOWN_PATH, tensor)]
+        return [*items, (_UNKNOWN_PATH, tensor)]
 
     def _strict_error(self, items: List[Tuple[str, torch.Tensor]]) -> NonLeafTensorError:
         count = len(items)
@@ -164,7 +164,7 @@ def report_for(memo: Dict[Any, Any], obj: Any) -> CopyReport:
         frame = _outermost_copy_frame(memo)
         report = CopyReport(frame.f_locals.get("x") if frame is not None else obj)
         report.attach(memo)
-    return report  # type: ignore[no-any-return]
+    return report
 
 
 def _outermost_copy_frame(memo: Dict[Any, Any]) -> Any:

@@ -23,7 +23,7 @@ _NON_SERIALIZABLE_KEYS = frozenset(
 )
 
 
-class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[misc]
+class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
     """A ``wrapt.FunctionWrapper`` whose class attribute access returns the wrapper itself.
 
     wrapt binds a fresh ``BoundFunctionWrapper`` on every ``Tensor.__deepcopy__`` access; torch
@@ -114,7 +114,7 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
         if neg:
             alias = torch._neg_view(alias)
         keep_alive(alias, memo)
-        result = original(alias, memo)
+        result: torch.Tensor = original(alias, memo)
         if neg:
             result = torch._neg_view(result)
         if conj:

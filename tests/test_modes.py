@@ -109,7 +109,9 @@ def test_strict_refuses_before_copying_with_a_precise_report(caching_net: Cachin
     assert caching_net.head.last_out.grad_fn is not None  # untouched
 
 
-def test_strict_refuses_before_any_tensor_is_copied(caching_net: CachingNet, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_strict_refuses_before_any_tensor_is_copied(
+    caching_net: CachingNet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     copies = []
     original = torch.nn.Parameter.__deepcopy__
 

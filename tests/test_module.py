@@ -28,7 +28,9 @@ def snapshot(obj: Any) -> Dict[str, Any]:
         for key, value in vars(module).items():
             name = f"{module_name}:{key}"
             if isinstance(value, torch.Tensor):
-                out[name] = (id(value), value.is_leaf, value.grad_fn, value.requires_grad, value.detach().clone())
+                out[name] = (
+                    id(value), value.is_leaf, value.grad_fn, value.requires_grad, value.detach().clone()
+                )
             elif isinstance(value, dict):
                 out[name] = (id(value), {k: id(v) for k, v in value.items()})
             else:

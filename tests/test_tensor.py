@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import gc
 import warnings
-from typing import Any, Dict, Iterator
+from typing import Any, ClassVar, Dict, Iterator
 
 import pytest
 import torch
@@ -59,7 +59,9 @@ def test_leaf_tensors_go_to_torch_untouched() -> None:
     assert c.grad is not leaf.grad
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64]
+)
 def test_dtypes(dtype: torch.dtype) -> None:
     y = nonleaf(torch.randn(4, 5).to(dtype))
     assert_faithful(y, copy.deepcopy(y))
@@ -212,7 +214,7 @@ def test_fake_tensor_copy_mode_compares_identity() -> None:
 class Logged(torch.Tensor):
     """A __torch_function__ subclass: deepcopy reaches the patch through the redispatch path."""
 
-    calls: Dict[str, int] = {}
+    calls: ClassVar[Dict[str, int]] = {}
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
