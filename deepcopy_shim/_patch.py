@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import wrapt
 
@@ -46,8 +46,8 @@ class _Installed:
         from ._tensor import StableFunctionWrapper, make_tensor_deepcopy_wrapper
 
         # Typed as Any: the point is to assign attributes the type checker knows as methods.
-        self.tensor_cls: Any = torch.Tensor
-        self.module_cls: Any = torch.nn.Module
+        self.tensor_cls: Any = cast(Any, torch.Tensor)
+        self.module_cls: Any = cast(Any, torch.nn.Module)
         if "__deepcopy__" in vars(self.module_cls):
             raise RuntimeError(
                 "deepcopy_shim cannot install: torch.nn.Module already defines __deepcopy__ "
