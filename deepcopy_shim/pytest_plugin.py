@@ -1,7 +1,8 @@
 """pytest plugin (entry point ``pytest11``): run a test session, or single tests, with the shim on.
 
-Inert unless asked: with neither option nor ini key nor marker it imports neither torch nor the
-rest of deepcopy_shim, and changes nothing.
+Inert unless asked: with neither option nor ini key nor marker it changes nothing and never
+imports torch (loading it imports the small ``deepcopy_shim`` package, as any entry point inside a
+package does).
 
 * ``--deepcopy-shim=MODE`` on the command line, or ``deepcopy_shim = MODE`` in the ini file (the
   command line wins): :func:`deepcopy_shim.enable` for the whole session and ``DEEPCOPY_SHIM=MODE``
