@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,8 +120,8 @@ def _exec_pth(value: Optional[str], extra_path: Optional[Path] = None
                           capture_output=True, text=True, timeout=60)
 
 
-def test_pth_line_unset_imports_nothing() -> None:
-    for value in (None, "", "  "):
+def test_pth_line_unset_or_off_imports_nothing() -> None:
+    for value in (None, "", "  ", "0", " OFF ", "False", "no"):
         proc = _exec_pth(value)
         assert proc.stdout.strip() == "[]" and proc.stderr == "", describe(proc)
 
@@ -146,6 +148,14 @@ def test_pth_is_one_ascii_line() -> None:
     text.decode("ascii")  # PEP 829: .pth files must be UTF-8 from 3.20; ASCII is both
     assert text.count(b"\n") == 1 and text.endswith(b"\n")
     assert text.startswith(b"import ")  # site executes only lines that start with "import"
+
+
+def test_pth_gate_uses_the_same_off_values() -> None:
+    # The .pth repeats the "off" words so that DEEPCOPY_SHIM=0 costs nothing at start-up either;
+    # they must stay those of _bootstrap.
+    match = re.search(r"\.strip\(\)\.lower\(\) not in (\([^)]*\))", PTH.read_text())
+    assert match is not None
+    assert ast.literal_eval(match.group(1)) == OFF_VALUES
 
 
 def test_bootstrap_shares_the_mode_vocabulary() -> None:
