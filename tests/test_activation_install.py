@@ -394,17 +394,28 @@ DDP_SRC = CACHING_NET_SRC + textwrap.dedent(
 )
 
 
-def test_torchrun_ranks_are_activated_by_the_variable(wheel_venv: Venv, tmp_path: Path) -> None:
+@pytest.mark.parametrize("install", ["wheel", "editable"])
+def test_torchrun_ranks_are_activated_by_the_variable(request: pytest.FixtureRequest, install: str,
+                                                      tmp_path: Path) -> None:
     script = tmp_path / "ddp_ema.py"
     script.write_text(DDP_SRC)
     out = tmp_path / "out"
     out.mkdir()
     env = clean_env("silent", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    # `python -m torch.distributed.run` is what the `torchrun` script runs; it starts each rank
-    # with sys.executable, the venv's interpreter.
-    proc = run([wheel_venv.python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node=2", script, out], env, cwd=tmp_path,
-               timeout=180)
+    if install == "wheel":
+        # `python -m torch.distributed.run` is what the `torchrun` script runs; each rank is
+        # started with sys.executable, the venv's interpreter.
+        venv: Venv = request.getfixturevalue("wheel_venv")
+        launcher = [str(venv.python), "-m", "torch.distributed.run"]
+    else:
+        # The torchrun console script of the interpreter running these tests (an editable
+        # install of this project, as the README sets it up).
+        torchrun = Path(DEV_PYTHON).parent / "torchrun"
+        if not torchrun.exists():
+            pytest.skip("no torchrun script beside the test interpreter")
+        launcher = [str(torchrun)]
+    proc = run([*launcher, "--standalone", "--nproc-per-node=2", script, out], env,
+               cwd=tmp_path, timeout=180)
     assert proc.returncode == 0, describe(proc)
     reports: Dict[int, Dict[str, object]] = {}
     for rank in (0, 1):
