@@ -4,6 +4,9 @@
 "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol": such
 tensors are copied as detached leaves, modules are rebuilt from their own state.  Importing this
 package does not import torch.
+
+PYTEST_DONT_REWRITE: ``DEEPCOPY_SHIM`` imports this package at interpreter start-up, before pytest
+could rewrite it (it holds no assertions); this marker keeps pytest from warning about that.
 """
 
 from ._activation import deepcopy, disable, enable, enabled, is_enabled

@@ -1,0 +1,186 @@
+"""What the start-up hook calls: parsing DEEPCOPY_SHIM and enabling, never raising."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from activation_support import DEV_PYTHON, REPO, clean_env, describe, run_code
+
+import deepcopy_shim
+from deepcopy_shim import Mode, _activation, _bootstrap, _modes
+from deepcopy_shim._bootstrap import (
+    OFF_VALUES,
+    ON_VALUES,
+    activate_from_environment,
+    parse_env_value,
+    report_failure,
+)
+
+PTH = REPO / "deepcopy_shim" / "deepcopy_shim.pth"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    *[(v, Mode.WARN) for v in ON_VALUES],
+    *[(v, None) for v in OFF_VALUES],
+    *[(m.value, m) for m in Mode],  # every mode name, from the enum itself
+    ("WaRn", Mode.WARN), ("  STRICT \n", Mode.STRICT), ("\tSilent", Mode.SILENT),
+    ("TRUE", Mode.WARN), (" Yes ", Mode.WARN), ("ON", Mode.WARN),
+    ("FALSE", None), (" Off", None), ("NO", None), ("   ", None),
+])
+def test_vocabulary(value: str, expected: Optional[Mode]) -> None:
+    assert parse_env_value(value) is expected
+
+
+@pytest.mark.parametrize("bad", ["loud", "2", "-1", "warn strict", "y", "enabled", "on!"])
+def test_bad_values_name_value_and_valid_ones(bad: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_env_value(bad)
+    message = str(info.value)
+    assert message.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM={bad!r}; valid values are ")
+    for word in ("warn", "strict", "silent", "1, true, on, yes", "0, false, off, no"):
+        assert word in message
+    assert "unset DEEPCOPY_SHIM" in message  # the way out
+
+
+def test_activate_enables_in_the_named_mode() -> None:
+    assert activate_from_environment({"DEEPCOPY_SHIM": " Strict "}) is Mode.STRICT
+    assert _modes.global_mode() is Mode.STRICT and deepcopy_shim.is_enabled()
+
+
+def test_activate_off_and_unset_change_nothing() -> None:
+    assert activate_from_environment({}) is None
+    assert activate_from_environment({"DEEPCOPY_SHIM": "off"}) is None
+    assert not deepcopy_shim.is_enabled()
+
+
+def test_explicit_code_wins_after_activation() -> None:
+    activate_from_environment({"DEEPCOPY_SHIM": "warn"})
+    deepcopy_shim.enable("silent")
+    assert _modes.global_mode() is Mode.SILENT
+    deepcopy_shim.disable()
+    assert not deepcopy_shim.is_enabled()
+
+
+def test_bad_value_reports_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert activate_from_environment({"DEEPCOPY_SHIM": "loud\ner"}) is None
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM=")
+    assert not deepcopy_shim.is_enabled()
+
+
+def test_failure_to_enable_reports_one_line(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(mode: object = "warn") -> None:
+        raise RuntimeError("torch.nn.Module already\ndefines __deepcopy__")
+
+    monkeypatch.setattr(_activation, "enable", broken)
+    assert activate_from_environment({"DEEPCOPY_SHIM": "warn"}) is None
+    err = capsys.readouterr().err
+    assert err == ("deepcopy_shim: DEEPCOPY_SHIM activation failed (RuntimeError: torch.nn.Module "
+                   "already defines __deepcopy__); the shim stays off (unset DEEPCOPY_SHIM to "
+                   "silence this)\n")
+
+
+def test_report_failure_survives_missing_or_closed_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stderr", None)
+    report_failure("deepcopy_shim: x")
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stderr", closed)
+    report_failure("deepcopy_shim: x")
+
+
+# ---------------------------------------------------------------------------------------------
+# The .pth line itself, executed in a fresh interpreter without site (-S) so only it runs.
+
+def _exec_pth(value: Optional[str], extra_path: Optional[Path] = None
+              ) -> subprocess.CompletedProcess[str]:
+    spec = importlib.util.find_spec("wrapt")
+    assert spec is not None and spec.origin is not None
+    site_packages = str(Path(spec.origin).parent.parent)
+    code = (
+        "import os, sys\n"  # site, skipped here by -S, has imported os before any .pth runs
+        + (f"sys.path.insert(0, {str(extra_path)!r})\n" if extra_path else "")
+        + f"sys.path += [{str(REPO)!r}, {site_packages!r}]\n"
+        "before = set(sys.modules)\n"
+        f"exec(open({str(PTH)!r}).read().splitlines()[0])\n"
+        f"exec(open({str(PTH)!r}).read().splitlines()[0])  # venvs process .pth files twice\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    return subprocess.run([DEV_PYTHON, "-S", "-c", code], env=clean_env(value),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_pth_line_unset_or_off_imports_nothing() -> None:
+    for value in (None, "", "  ", "0", " OFF ", "False", "no"):
+        proc = _exec_pth(value)
+        assert proc.stdout.strip() == "[]" and proc.stderr == "", describe(proc)
+
+
+def test_pth_line_set_imports_the_package_but_not_torch() -> None:
+    proc = _exec_pth("warn")
+    imported = proc.stdout.strip()
+    assert "'deepcopy_shim._bootstrap'" in imported and "'torch'" not in imported, describe(proc)
+    assert proc.stderr == ""
+
+
+def test_pth_line_reports_an_import_failure_once(tmp_path: Path) -> None:
+    (tmp_path / "deepcopy_shim").mkdir()
+    (tmp_path / "deepcopy_shim" / "__init__.py").write_text("1/0\n")
+    proc = _exec_pth("strict", extra_path=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stderr == ("deepcopy_shim: DEEPCOPY_SHIM is set but activation failed "
+                           "(ZeroDivisionError: division by zero); the shim stays off (unset "
+                           "DEEPCOPY_SHIM to silence this)\n")
+
+
+def test_pth_is_one_ascii_line() -> None:
+    text = PTH.read_bytes()
+    text.decode("ascii")  # PEP 829: .pth files must be UTF-8 from 3.20; ASCII is both
+    assert text.count(b"\n") == 1 and text.endswith(b"\n")
+    assert text.startswith(b"import ")  # site executes only lines that start with "import"
+
+
+def test_pth_gate_uses_the_same_off_values() -> None:
+    # The .pth repeats the "off" words so that DEEPCOPY_SHIM=0 costs nothing at start-up either;
+    # they must stay those of _bootstrap.
+    match = re.search(r"\.strip\(\)\.lower\(\) not in (\([^)]*\))", PTH.read_text())
+    assert match is not None
+    assert ast.literal_eval(match.group(1)) == OFF_VALUES
+
+
+def test_bootstrap_shares_the_mode_vocabulary() -> None:
+    assert {m.value for m in Mode} <= {"warn", "strict", "silent"}
+    assert not set(ON_VALUES) & set(OFF_VALUES)
+    assert not {m.value for m in Mode} & (set(ON_VALUES) | set(OFF_VALUES))
+    assert _bootstrap.ENV_VAR == "DEEPCOPY_SHIM"
+
+
+# ---------------------------------------------------------------------------------------------
+# PEP 829 (Python 3.15): `import` lines in .pth files keep running through 3.17 *unless* a
+# matching `<name>.start` file exists, and are ignored from 3.18 on.  We ship only the .pth for
+# now (a .start entry point would import the package, ~50 ms, at every start-up even with the
+# variable unset).  The plan is in docs/activation.md; this test fails on the first Python that
+# stops executing import lines, which is when the plan must be carried out.
+
+def test_pep_829_import_lines_still_run(tmp_path: Path) -> None:
+    assert not (REPO / "deepcopy_shim" / "deepcopy_shim.start").exists(), (
+        "a deepcopy_shim.start beside deepcopy_shim.pth disables the .pth's import line on "
+        "Python >= 3.15: it must then carry the activation itself (see docs/activation.md)")
+    (tmp_path / "probe_import_lines.pth").write_text(
+        "import sys; sys.stdout.write('import lines run\\n')\n")
+    code = f"import site; site.addsitedir({str(tmp_path)!r})"
+    proc = run_code(DEV_PYTHON, code, clean_env())
+    assert proc.stdout == "import lines run\n", (
+        f"Python {sys.version_info[:2]} no longer executes import lines in .pth files (PEP 829): "
+        "DEEPCOPY_SHIM activation is dead on this Python. Ship deepcopy_shim.start with "
+        "`_deepcopy_shim_start:activate` as docs/activation.md plans.\n" + describe(proc))

@@ -1,0 +1,173 @@
+"""The pytest plugin, run in child pytest sessions so the outer session's state is untouched."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Optional
+
+from activation_support import CACHING_NET_SRC, DEV_PYTHON, PROBE_SRC, clean_env, describe, run
+
+SESSION_TESTS = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    import pytest
+
+    def state():
+        modes = sys.modules.get("deepcopy_shim._modes")
+        mode = modes.current_mode() if modes is not None else None
+        return mode.value if mode is not None else None
+
+    def test_session_state():
+        installed = "deepcopy_shim._patch" in sys.modules and sys.modules[
+            "deepcopy_shim._patch"]._users > 0
+        print("\\nSTATE", state(), os.environ.get("DEEPCOPY_SHIM"), installed,
+              "torch" in sys.modules)
+
+    def test_child_process():
+        out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True)
+        print("\\nCHILD", out.stdout.strip())
+    """
+) + f"PROBE = {PROBE_SRC!r}\n"
+
+
+def pytest_run(tmp_path: Path, *args: str, ini: Optional[str] = None,
+               env_value: Optional[str] = None,
+               tests: str = SESSION_TESTS) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n" + (ini or ""))
+    (tmp_path / "test_inner.py").write_text(tests)
+    return run([DEV_PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-rA", *args],
+               clean_env(env_value), cwd=tmp_path)
+
+
+def grep(proc: subprocess.CompletedProcess[str], prefix: str) -> str:
+    found = [line for line in proc.stdout.splitlines() if line.startswith(prefix)]
+    assert found, describe(proc)
+    return found[0]
+
+
+def test_inert_by_default(tmp_path: Path) -> None:
+    proc = pytest_run(tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert "deepcopy_shim:" not in proc.stdout  # no header line
+    # Nothing enabled, nothing in the environment, torch not imported.  (Loading the plugin
+    # imports the deepcopy_shim package itself, as any entry point inside a package does.)
+    assert grep(proc, "STATE") == "STATE None None False False"
+    assert grep(proc, "CHILD") == "CHILD mode=None torch=False shim=False wrapt=False"
+
+
+def test_command_line_option(tmp_path: Path) -> None:
+    proc = pytest_run(tmp_path, "--deepcopy-shim=Strict")
+    assert proc.returncode == 0, describe(proc)
+    assert "deepcopy_shim: active, mode=strict (from --deepcopy-shim)" in proc.stdout.splitlines()
+    assert grep(proc, "STATE") == "STATE strict strict True False"  # torch left alone
+    assert grep(proc, "CHILD") == "CHILD mode=strict torch=False shim=True wrapt=True"
+
+
+def test_ini_and_command_line_precedence(tmp_path: Path) -> None:
+    proc = pytest_run(tmp_path, ini="deepcopy_shim = silent\n")
+    assert "deepcopy_shim: active, mode=silent (from ini deepcopy_shim)" in proc.stdout
+    assert grep(proc, "STATE") == "STATE silent silent True False"
+    proc = pytest_run(tmp_path, "--deepcopy-shim", "warn", ini="deepcopy_shim = silent\n")
+    assert "deepcopy_shim: active, mode=warn (from --deepcopy-shim)" in proc.stdout
+    assert grep(proc, "STATE") == "STATE warn warn True False"
+
+
+def test_off_value_overrides_environment(tmp_path: Path) -> None:
+    proc = pytest_run(tmp_path, env_value="strict")
+    assert "deepcopy_shim: active, mode=strict (from DEEPCOPY_SHIM)" in proc.stdout
+    assert "PytestAssertRewriteWarning" not in proc.stdout + proc.stderr
+    assert grep(proc, "STATE").startswith("STATE strict strict")
+    proc = pytest_run(tmp_path, "--deepcopy-shim=off", env_value="strict")
+    assert "deepcopy_shim: off (from --deepcopy-shim)" in proc.stdout
+    assert grep(proc, "STATE").startswith("STATE None None")
+    assert grep(proc, "CHILD") == "CHILD mode=None torch=False shim=False wrapt=False"
+
+
+def test_bad_value_is_a_usage_error(tmp_path: Path) -> None:
+    proc = pytest_run(tmp_path, "--deepcopy-shim=loud")
+    assert proc.returncode == 4, describe(proc)
+    assert ("deepcopy_shim: invalid --deepcopy-shim value 'loud'; valid values are warn, strict, "
+            "silent") in proc.stderr
+    proc = pytest_run(tmp_path, ini="deepcopy_shim = maybe\n")
+    assert proc.returncode == 4 and "invalid ini deepcopy_shim value 'maybe'" in proc.stderr
+
+
+MARKER_TESTS = CACHING_NET_SRC + textwrap.dedent(
+    """
+    import copy, warnings
+    import pytest
+    import deepcopy_shim as shim_module
+    from deepcopy_shim import NonLeafTensorError, _modes
+
+    def mode():
+        current = _modes.current_mode()
+        return current.value if current is not None else None
+
+    @pytest.fixture
+    def copied_in_fixture():
+        return copy.deepcopy(make_net())  # function-scoped fixtures run inside the marker too
+
+    @pytest.mark.deepcopy_shim("strict")
+    def test_marker_strict():
+        assert mode() == "strict"
+        with pytest.raises(NonLeafTensorError):
+            copy.deepcopy(make_net())
+
+    @pytest.mark.deepcopy_shim(mode="silent")
+    def test_marker_keyword(copied_in_fixture):
+        assert mode() == "silent" and copied_in_fixture.last_hidden.is_leaf
+
+    @pytest.mark.deepcopy_shim
+    def test_marker_default_warn():
+        assert mode() == "warn"
+        with pytest.warns(shim_module.DetachedTensorsWarning):
+            copy.deepcopy(make_net())
+
+    def test_unmarked_is_native():
+        assert mode() is None
+        with pytest.raises(RuntimeError, match="graph leaves"):
+            copy.deepcopy(make_net())
+
+    def test_fixture(deepcopy_shim):
+        assert deepcopy_shim is shim_module and mode() == "warn"
+
+    @pytest.mark.deepcopy_shim("silent")
+    def test_fixture_with_marker(deepcopy_shim):
+        assert mode() == "silent"
+
+    @pytest.mark.parametrize("deepcopy_shim", ["strict", "silent"], indirect=True)
+    def test_fixture_indirect(deepcopy_shim, request):
+        assert mode() == request.node.callspec.params["deepcopy_shim"]
+
+    class TestClassMarker:
+        pytestmark = pytest.mark.deepcopy_shim("silent")
+
+        def test_in_class(self):
+            assert mode() == "silent"
+
+    def test_still_native_at_the_end():
+        assert mode() is None and not shim_module._patch.is_installed()
+    """
+)
+
+
+def test_marker_and_fixture(tmp_path: Path) -> None:
+    proc = pytest_run(tmp_path, "--strict-markers", tests=MARKER_TESTS)
+    assert proc.returncode == 0, describe(proc)
+    assert " 10 passed" in proc.stdout, describe(proc)
+
+
+def test_marker_with_bad_mode_fails_clearly(tmp_path: Path) -> None:
+    tests = ("import pytest\n@pytest.mark.deepcopy_shim('loud')\ndef test_x():\n    pass\n")
+    proc = pytest_run(tmp_path, tests=tests)
+    assert proc.returncode != 0
+    assert "deepcopy_shim: invalid mode 'loud'" in proc.stdout, describe(proc)
+
+
+def test_marker_is_registered_for_help(tmp_path: Path) -> None:
+    proc = run([DEV_PYTHON, "-m", "pytest", "--markers"], clean_env(), cwd=tmp_path)
+    assert "@pytest.mark.deepcopy_shim(mode='warn')" in proc.stdout, describe(proc)
+    proc = run([DEV_PYTHON, "-m", "pytest", "--help"], clean_env(), cwd=tmp_path)
+    assert "--deepcopy-shim=MODE" in proc.stdout and "deepcopy_shim (string)" in proc.stdout

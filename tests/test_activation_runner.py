@@ -1,0 +1,186 @@
+"""`python -m deepcopy_shim` / `deepcopy-shim`: the program runs as if started by python itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+from activation_support import (
+    CACHING_NET_SRC,
+    DEV_PYTHON,
+    PROBE_SRC,
+    clean_env,
+    describe,
+    run,
+    stderr_lines,
+)
+
+from deepcopy_shim.__main__ import HELP
+
+REPORT_SRC = PROBE_SRC + textwrap.dedent(
+    """
+    import os, sys
+    print("name", __name__)
+    print("argv", sys.argv)
+    print("path0", sys.path[0])
+    print("env", os.environ.get("DEEPCOPY_SHIM"))
+    """
+)
+
+
+def runner(*args: object, env_value: Optional[str] = None,
+           cwd: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
+    """`python -m deepcopy_shim ARGS` in the test interpreter (an editable install)."""
+    return run([DEV_PYTHON, "-m", "deepcopy_shim", *map(str, args)], clean_env(env_value),
+               cwd=cwd)
+
+
+def lines(proc: subprocess.CompletedProcess[str]) -> List[str]:
+    return proc.stdout.splitlines()
+
+
+@pytest.fixture
+def prog(tmp_path: Path) -> Path:
+    sub = tmp_path / "scripts"
+    sub.mkdir()
+    script = sub / "prog.py"
+    script.write_text(REPORT_SRC)
+    return script
+
+
+def test_script_sees_its_own_argv_and_runs_as_main(prog: Path, tmp_path: Path) -> None:
+    proc = runner("--mode", "strict", prog, "--mode", "x", "-m", "y", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert lines(proc) == [
+        "mode=strict torch=False shim=True wrapt=True",  # torch is left to the program
+        "name __main__",
+        f"argv [{str(prog)!r}, '--mode', 'x', '-m', 'y', '--help']",
+        f"path0 {prog.parent}",  # as `python prog.py`: the script's directory comes first
+        "env strict",
+    ]
+
+
+def test_same_view_as_plain_python(prog: Path, tmp_path: Path) -> None:
+    plain = run([DEV_PYTHON, "scripts/prog.py", "a", "b"], clean_env(), cwd=tmp_path)
+    shimmed = runner("scripts/prog.py", "a", "b", cwd=tmp_path)
+    assert lines(plain)[1:4] == lines(shimmed)[1:4], describe(shimmed)
+    assert lines(shimmed)[4] == "env warn"
+
+
+def test_module_mode(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "tool.py").write_text(REPORT_SRC + "print('spec', __spec__.name)\n")
+    (pkg / "__main__.py").write_text("print('package main', __name__)\n")
+    for form in (["-m", "pkg.sub.tool"], ["-mpkg.sub.tool"]):
+        proc = runner("--mode=silent", *form, "arg", "-m", "z", cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
+        assert lines(proc) == [
+            "mode=silent torch=False shim=True wrapt=True",
+            "name __main__",
+            f"argv [{str(pkg / 'sub' / 'tool.py')!r}, 'arg', '-m', 'z']",
+            f"path0 {tmp_path}",
+            "env silent",
+            "spec pkg.sub.tool",
+        ]
+    proc = runner("-m", "pkg", cwd=tmp_path)
+    assert lines(proc) == ["package main __main__"], describe(proc)
+
+
+@pytest.mark.parametrize(("code", "rc", "err"), [
+    ("sys.exit(7)", 7, ""),
+    ("sys.exit('bye')", 1, "bye"),
+    ("raise SystemExit(0)", 0, ""),
+    ("raise LookupError('boom')", 1, "LookupError: boom"),
+])
+def test_exit_codes_and_exceptions_pass_through(tmp_path: Path, code: str, rc: int,
+                                                err: str) -> None:
+    script = tmp_path / "exits.py"
+    script.write_text(f"import sys\n{code}\n")
+    plain = run([DEV_PYTHON, script], clean_env())
+    shimmed = runner(script)
+    for proc in (plain, shimmed):
+        assert proc.returncode == rc, describe(proc)
+        last = (proc.stderr.splitlines() or [""])[-1]
+        assert last == err
+    if "raise LookupError" in code:  # the traceback shows the program's own line
+        assert f'File "{script}", line 2, in <module>' in shimmed.stderr
+
+
+def test_children_inherit_activation(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(
+        f"""
+        import subprocess, sys
+        subprocess.run([sys.executable, "-c", {PROBE_SRC!r}], check=True)
+        """
+    ))
+    proc = runner("--mode", "strict", script)
+    assert lines(proc) == ["mode=strict torch=False shim=True wrapt=True"], describe(proc)
+
+
+@pytest.mark.parametrize(("env_value", "args", "expected"), [
+    ("strict", [], "strict"),                   # a mode already in the environment is kept
+    ("strict", ["--mode", "silent"], "silent"),  # --mode wins over the environment
+    ("off", [], "warn"),                         # the runner is itself the request to switch on
+    ("bogus", [], "warn"),
+    (None, [], "warn"),
+])
+def test_mode_choice(prog: Path, env_value: Optional[str], args: List[str],
+                     expected: str) -> None:
+    proc = runner(*args, prog, env_value=env_value)
+    assert lines(proc)[0].startswith(f"mode={expected} "), describe(proc)
+    assert lines(proc)[-1] == f"env {expected}"
+
+
+def test_copies_work_under_the_runner(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(CACHING_NET_SRC + "import copy\nema = copy.deepcopy(make_net())\n"
+                      "print('leaf', ema.last_hidden.is_leaf)\n")
+    proc = runner(script)
+    assert proc.returncode == 0 and lines(proc) == ["leaf True"], describe(proc)
+    assert "DetachedTensorsWarning" in proc.stderr
+    assert "last_hidden" in proc.stderr
+
+
+def test_help() -> None:
+    proc = runner("--help")
+    assert proc.returncode == 0 and proc.stdout == HELP
+    for words in ("--mode", "-m MODULE", "sys.argv", "exit code", "DEEPCOPY_SHIM=MODE",
+                  "torchrun", "DataLoader", "warn", "strict", "silent", "precedence"):
+        assert words in HELP, words
+    console = Path(DEV_PYTHON).parent / "deepcopy-shim"
+    if console.exists():  # absent only when the tests run from a source tree without install
+        proc = run([console, "-h"], clean_env())
+        assert proc.returncode == 0 and proc.stdout == HELP
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "no program given"),
+    (["--mode"], "--mode needs a value"),
+    (["--mode", "loud", "x.py"], "invalid mode 'loud'; valid modes are 'warn', 'strict', 'silent'"),
+    (["--verbose", "x.py"], "unknown option '--verbose'"),
+    (["-m"], "-m needs a module name"),
+    (["does_not_exist.py"], "can't open file 'does_not_exist.py'"),
+])
+def test_usage_errors(tmp_path: Path, args: List[str], message: str) -> None:
+    proc = runner(*args, cwd=tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    first, second = stderr_lines(proc)
+    assert first.startswith("deepcopy_shim: ") and message in first, first
+    assert second.startswith("usage: python -m deepcopy_shim") and "--help" in second
+    assert proc.stdout == ""
+
+
+def test_runner_is_importable_without_side_effects() -> None:
+    proc = run([DEV_PYTHON, "-c", "import deepcopy_shim.__main__, sys; "
+                "print('torch' in sys.modules, sys.modules['deepcopy_shim']._modes.global_mode())"],
+               clean_env())
+    assert proc.stdout.strip() == "False None", describe(proc)
+    assert sys.modules.get("deepcopy_shim.__main__") is not None
