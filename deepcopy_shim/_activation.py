@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 from contextvars import Token
 from types import TracebackType
 from typing import Any, Callable, Dict, List, Optional, Type, TypeVar, Union
@@ -106,6 +105,8 @@ class enabled:
         Raises ``TypeError`` for generator functions: their body runs when iterated, outside
         any scope the call could set up, so decorating them would silently do nothing.
         """
+        import inspect  # here, not at module level: it is a third of this package's import time
+
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
             raise TypeError(
                 f"deepcopy_shim.enabled cannot decorate the generator function {func.__qualname__}: "

@@ -22,8 +22,6 @@ import threading
 import warnings
 from typing import Any, Optional, cast
 
-import wrapt
-
 from ._report import PatchConflictWarning
 
 __all__ = ["acquire", "release", "is_installed", "lock"]
@@ -120,6 +118,10 @@ def _install_or_defer() -> None:
     elif not _hook_registered:
         # Post-import hooks cannot be unregistered: register once per process, and let the
         # callback check whether anyone still wants the patch when torch finally arrives.
+        # wrapt is imported here, not at module level: it costs ~30 ms at start-up, which a
+        # program that imports deepcopy_shim without enabling it should not pay.
+        import wrapt
+
         wrapt.register_post_import_hook(_on_torch_imported, "torch")
         _hook_registered = True
 
@@ -131,5 +133,16 @@ def _on_torch_imported(module: Any) -> None:
             return
         try:
             _installed = _Installed()
-        except Exception as exc:  # never break the user's `import torch`
-            warnings.warn(f"deepcopy_shim: not installed: {exc}", PatchConflictWarning, stacklevel=2)
+        except Exception as exc:
+            _report_deferred_failure(exc)
+
+
+def _report_deferred_failure(exc: Exception) -> None:
+    # This runs inside the user's `import torch`, and wrapt does not catch what a hook raises:
+    # a warning escalated to an error (-W error, pytest filterwarnings) must not become an
+    # ImportError of torch, so it degrades to one line on stderr.
+    message = f"deepcopy_shim: the patch was not installed at `import torch`: {exc}"
+    try:
+        warnings.warn(message, PatchConflictWarning, stacklevel=3)
+    except Exception:
+        sys.stderr.write(message.replace("\n", " ") + "\n")

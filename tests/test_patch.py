@@ -319,3 +319,25 @@ def test_importing_the_package_does_not_import_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_failed_deferred_install_never_breaks_import_torch() -> None:
+    """Even with warnings escalated to errors, `import torch` succeeds; one line says why."""
+    result = _run(
+        """
+        import warnings, wrapt
+        warnings.simplefilter("error")
+        def other_patch(torch):  # runs first: post-import hooks fire in registration order
+            torch.nn.Module.__deepcopy__ = lambda self, memo: self
+        wrapt.register_post_import_hook(other_patch, "torch")
+        import deepcopy_shim
+        deepcopy_shim.enable()
+        import torch
+        from deepcopy_shim import _patch
+        print("imported", _patch.is_installed())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "imported False"
+    (line,) = [s for s in result.stderr.splitlines() if s.startswith("deepcopy_shim")]
+    assert "not installed at `import torch`" in line and "already defines __deepcopy__" in line
