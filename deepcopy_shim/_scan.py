@@ -6,7 +6,8 @@ import functools
 import sys
 import types
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, List, Tuple
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Set, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -56,75 +57,104 @@ def describe_tensor(tensor: torch.Tensor) -> str:
     return text
 
 
-def _attr(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
+# How a child hangs from its parent, to spell its path: `.name`, `[key]`, `[i]`, `{i}`, or a
+# pre-formatted step (partial's args/keywords).
+_ATTR, _ITEM, _INDEX, _MEMBER, _RAW = range(5)
+_ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes))
+_EMPTY_SKIPPABLE = frozenset((dict, OrderedDict, list, tuple, set, frozenset))
+_TENSOR_DICTS = ("_parameters", "_buffers", "_modules")
+
+# A path is built only for the tensors found: while walking, each object carries a link
+# (parent link, step kind, step) instead of a string, since formatting a path for every one of
+# the tens of thousands of objects in a large model costs more than the whole walk.
+_Link = Optional[Tuple[Any, int, Any]]
 
 
-def _key(prefix: str, key: Any) -> str:
-    text = repr(key)
-    if len(text) > 40:  # a tensor or a large object as a key: name its type instead
-        text = f"<{type(key).__name__} at {id(key):#x}>"
-    return f"{prefix}[{text}]"
+def _path(link: _Link) -> str:
+    steps: List[str] = []
+    while link is not None:
+        link, kind, step = link
+        if kind == _ATTR:
+            steps.append(f".{step}")
+        elif kind == _ITEM:
+            text = repr(step)
+            if len(text) > 40:  # a tensor or a large object as a key: name its type instead
+                text = f"<{type(step).__name__} at {id(step):#x}>"
+            steps.append(f"[{text}]")
+        elif kind == _INDEX:
+            steps.append(f"[{step}]")
+        elif kind == _MEMBER:
+            steps.append(f"{{{step}}}")
+        else:
+            steps.append(step)
+    path = "".join(reversed(steps))
+    return path[1:] if path.startswith(".") else path
 
 
 def _walk(root: Any, torch: Any) -> Iterator[Tuple[str, Any]]:
     Tensor = torch.Tensor
     Module = torch.nn.Module
     tensor_deepcopy = Tensor.__deepcopy__  # stable identity, patched or not
-    seen = set()
+    seen: Set[int] = set()
     # An explicit stack instead of recursion: object graphs can be deeper than the recursion
-    # limit (long linked structures), and children are pushed reversed to keep deepcopy's order.
-    stack: List[Tuple[str, Any]] = [("", root)]
+    # limit (long linked structures); children are pushed reversed to keep deepcopy's order.
+    stack: List[Tuple[Any, _Link]] = [(root, None)]
     while stack:
-        path, obj = stack.pop()
-        if isinstance(obj, _OPAQUE) or id(obj) in seen:
+        obj, link = stack.pop()
+        kind = type(obj)
+        if kind in _ATOMIC or isinstance(obj, _OPAQUE) or id(obj) in seen:
             continue
         seen.add(id(obj))
-        children: List[Tuple[str, Any]] = []
+        children: List[Tuple[Any, _Link]] = []
         if isinstance(obj, Tensor):
             if not obj.is_leaf:
-                yield path, obj
+                yield _path(link), obj
             # Only Tensor.__deepcopy__ copies .grad (Parameter's does not); a non-leaf's .grad
             # is only read when retained, which is also what keeps torch from warning.
-            if type(obj).__deepcopy__ is tensor_deepcopy and (obj.is_leaf or obj.retains_grad):
+            if kind.__deepcopy__ is tensor_deepcopy and (obj.is_leaf or obj.retains_grad):
                 grad = obj.grad
                 if grad is not None:
-                    children.append((_attr(path, "grad"), grad))
-            if type(obj) is not Tensor:
-                children.extend((_attr(path, k), v) for k, v in vars(obj).items())
+                    children.append((grad, (link, _ATTR, "grad")))
+            if kind is not Tensor:
+                children.extend((v, (link, _ATTR, k)) for k, v in vars(obj).items())
         elif isinstance(obj, Module):
-            for key, value in vars(obj).items():
-                if key in ("_parameters", "_buffers", "_modules") and isinstance(value, dict):
+            for key, value in obj.__dict__.items():
+                vkind = type(value)
+                if vkind in _ATOMIC or (vkind in _EMPTY_SKIPPABLE and not value):
+                    continue  # most of a module's state: flags and empty hook dicts
+                if key in _TENSOR_DICTS and isinstance(value, dict):
                     seen.add(id(value))
                     children.extend(
-                        (_attr(path, name), item) for name, item in value.items()
+                        (item, (link, _ATTR, name)) for name, item in value.items() if item is not None
                     )
                 else:
-                    children.append((_attr(path, key), value))
+                    children.append((value, (link, _ATTR, key)))
         elif isinstance(obj, dict):
-            children.extend((_key(path, k), v) for k, v in obj.items())
+            children.extend((v, (link, _ITEM, k)) for k, v in obj.items())
         elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            children.extend((_attr(path, f), v) for f, v in zip(obj._fields, obj))
+            children.extend((v, (link, _ATTR, f)) for f, v in zip(obj._fields, obj))
         elif isinstance(obj, (list, tuple)):
-            children.extend((f"{path}[{i}]", v) for i, v in enumerate(obj))
+            children.extend((v, (link, _INDEX, i)) for i, v in enumerate(obj))
         elif isinstance(obj, (set, frozenset)):
-            children.extend((f"{path}{{{i}}}", v) for i, v in enumerate(obj))
+            children.extend((v, (link, _MEMBER, i)) for i, v in enumerate(obj))
         elif isinstance(obj, types.MethodType):
-            children.append((_attr(path, "__self__"), obj.__self__))
+            children.append((obj.__self__, (link, _ATTR, "__self__")))
         elif isinstance(obj, functools.partial):
-            children.extend((f"{path}.args[{i}]", v) for i, v in enumerate(obj.args))
-            children.extend((_key(f"{path}.keywords", k), v) for k, v in obj.keywords.items())
+            children.extend((v, (link, _RAW, f".args[{i}]")) for i, v in enumerate(obj.args))
+            children.extend(
+                (v, (link, _RAW, f".keywords[{k!r}]")) for k, v in obj.keywords.items()
+            )
         else:
-            children.extend(_object_fields(path, obj))
+            children.extend((v, (link, _ATTR, name)) for name, v in _object_fields(obj))
         stack.extend(reversed(children))
 
 
-def _object_fields(path: str, obj: Any) -> Iterator[Tuple[str, Any]]:
+def _object_fields(obj: Any) -> Iterator[Tuple[str, Any]]:
     # Dataclasses need nothing special: their fields live in __dict__ or in __slots__.
     state = getattr(obj, "__dict__", None)
     if isinstance(state, dict):
         for key, value in state.items():
-            yield _attr(path, str(key)), value
+            yield str(key), value
     for klass in type(obj).__mro__:
         slots = klass.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
@@ -133,4 +163,4 @@ def _object_fields(path: str, obj: Any) -> Iterator[Tuple[str, Any]]:
             if slot.startswith("__") and not slot.endswith("__"):  # private: name-mangled
                 slot = f"_{klass.__name__.lstrip('_')}{slot}"
             if hasattr(obj, slot):
-                yield _attr(path, slot), getattr(obj, slot)
+                yield slot, getattr(obj, slot)
