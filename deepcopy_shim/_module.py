@@ -111,7 +111,7 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
         kind = type(value)
         if kind in _ATOMIC:
             new_state[key] = value
-        elif kind in _DICTS:
+        elif kind in _DICTS and _is_bare_dict(value):
             if key in _TENSOR_DICTS:
                 new_state[key] = _copy_dict(value, memo)
             elif not value:
@@ -124,6 +124,14 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
         else:
             new_state[key] = _deepcopy(value, memo)
     return new_state
+
+
+def _is_bare_dict(mapping: Dict[str, Any]) -> bool:
+    # deepcopy reduces an OrderedDict (dict has its own copier): a copyreg registration or
+    # instance attributes (its reduction's state) would make its copy more than its items.
+    return type(mapping) is dict or (
+        OrderedDict not in copyreg.dispatch_table and not mapping.__dict__
+    )
 
 
 def _copy_dict(mapping: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:

@@ -12,6 +12,7 @@ each kind of difference and check that the differ reports it.
 from __future__ import annotations
 
 import copy
+import copyreg
 import functools
 import types
 import warnings
@@ -632,6 +633,22 @@ class WithCustomParameter(nn.Module):
         self.buf = nn.Buffer(torch.randn(2))
 
 
+class NoteDict(OrderedDict):  # type: ignore[type-arg]
+    """An OrderedDict subclass, to check that only exact types take any fast path."""
+
+
+def _containers_with_state() -> nn.Module:
+    """Empty containers that still carry state: instance attributes, subclasses."""
+    model = nn.Linear(2, 2)
+    model._forward_hooks.note = "kept"  # type: ignore[attr-defined]
+    model.empty_table = OrderedDict()
+    model.empty_table.note = ["kept too"]  # type: ignore[attr-defined]
+    model.sub_table = NoteDict()
+    model.names = set()
+    model.shape_like = (2, 2)
+    return model
+
+
 def _compiled() -> nn.Module:
     model = nn.Sequential(nn.Linear(2, 2))
     model.compile()  # adds _compiled_call_impl, which Module.__getstate__ drops
@@ -688,6 +705,7 @@ CORPUS: Dict[str, Callable[[], Any]] = {
     "deepcopy_from_mixin_after_module": MixinAfterModule,
     "parameter_subclass_and_buffer_class": WithCustomParameter,
     "compiled": _compiled,
+    "empty_containers_with_state": _containers_with_state,
     "channels_last_model": lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).to(
         memory_format=torch.channels_last
     ),
@@ -725,6 +743,18 @@ def test_corpus(name: str) -> None:
         source["view"] = source["t"][1:]
     diff = assert_faithful(source)
     assert diff.compared_tensors > 0
+
+
+def test_copyreg_registrations_are_honoured() -> None:
+    def reduce_ordered_dict(od: OrderedDict) -> Any:  # type: ignore[type-arg]
+        return (OrderedDict, (), {"via_copyreg": True}, None, iter(od.items()))
+
+    copyreg.pickle(OrderedDict, reduce_ordered_dict)
+    try:
+        diff = assert_faithful(nn.Sequential(Block(), Block()))
+        assert diff.native[0]._forward_hooks.via_copyreg
+    finally:
+        del copyreg.dispatch_table[OrderedDict]
 
 
 def test_fidelity_covers_the_custom_protocol_classes_natively() -> None:
