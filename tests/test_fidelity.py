@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import copyreg
 import functools
+import gc
 import types
 import warnings
 import weakref
@@ -104,8 +105,8 @@ class GraphDiff:
         if isinstance(nat, torch.Tensor):
             self._tensor(nat, shm, path)
         elif isinstance(nat, (set, frozenset)):
-            if not all(isinstance(x, _ATOMS) for x in nat):
-                raise NotImplementedError(f"{path}: sets of non-atoms are not compared")
+            if not all(_is_value(x) for x in nat):
+                raise NotImplementedError(f"{path}: sets of objects are not compared")
             if nat != shm:
                 self._fail(path, "set members", nat, shm)
             return
@@ -152,6 +153,11 @@ class GraphDiff:
         same_nan = (a != a) & (b != b) if a.is_floating_point() or a.is_complex() else False
         if not bool(((a == b) | same_nan).all()):
             self._fail(path, "tensor values", nat, shm)
+
+
+def _is_value(obj: Any) -> bool:
+    """An atom or a tuple of such: compared by ``==``."""
+    return isinstance(obj, _ATOMS) or (type(obj) is tuple and all(map(_is_value, obj)))
 
 
 def _same_dynamic_class(a: type, b: type) -> bool:
@@ -649,6 +655,34 @@ def _containers_with_state() -> nn.Module:
     return model
 
 
+class Shape(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.kernel = (3, 3)
+        self.mixed = (3, [4])  # not all atoms: copied
+        self.names = {"a", "b"}
+        self.objects = {Shape.__name__, (1, 2)}  # a tuple member: the generic set copy
+
+
+def _fast_path_edge_cases() -> nn.Module:
+    """Each value here must leave the module copy's shortcuts for the generic deepcopy."""
+    model = Shape()
+    materialised = OrderedDict()
+    assert materialised.__dict__ == {}  # now an existing, empty instance dict
+    model.materialised = materialised
+    own = nn.Parameter(torch.randn(2))
+    own.__deepcopy__ = lambda memo: nn.Parameter(torch.zeros(2))  # type: ignore[method-assign]
+    model.register_parameter("own_copier", own)
+    tagged = nn.Parameter(torch.randn(2))
+    tagged.tag = "kept by neither copy"  # Parameter.__deepcopy__ drops it natively
+    model.register_parameter("tagged", tagged)
+    model.register_parameter("subclassed", CustomParameter(torch.randn(2)))
+    model.hooks_with_handle = model.fc.register_forward_hook(_free_hook)
+    model.hooks_with_handle.remove()  # an empty hook dict that a live handle refers to
+    return model
+
+
 def _compiled() -> nn.Module:
     model = nn.Sequential(nn.Linear(2, 2))
     model.compile()  # adds _compiled_call_impl, which Module.__getstate__ drops
@@ -706,6 +740,7 @@ CORPUS: Dict[str, Callable[[], Any]] = {
     "parameter_subclass_and_buffer_class": WithCustomParameter,
     "compiled": _compiled,
     "empty_containers_with_state": _containers_with_state,
+    "fast_path_edge_cases": _fast_path_edge_cases,
     "channels_last_model": lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).to(
         memory_format=torch.channels_last
     ),
@@ -755,6 +790,27 @@ def test_copyreg_registrations_are_honoured() -> None:
         assert diff.native[0]._forward_hooks.via_copyreg
     finally:
         del copyreg.dispatch_table[OrderedDict]
+
+
+def test_set_registered_with_copyreg_is_honoured() -> None:
+    copyreg.pickle(set, lambda value: (set, (["via copyreg"],)))
+    try:
+        diff = assert_faithful(Shape())
+        assert diff.native.names == {"via copyreg"}
+    finally:
+        del copyreg.dispatch_table[set]
+
+
+def test_copying_leaves_the_source_containers_untouched() -> None:
+    """The shortcuts read nothing that would create state on the source (an instance dict)."""
+    model = nn.Sequential(Block(), Shape())
+    before = {id(d): gc.get_referents(d) for m in model.modules() for d in vars(m).values()
+              if isinstance(d, OrderedDict)}
+    with deepcopy_shim.enabled("silent"):
+        copy.deepcopy(model)
+    after = {id(d): gc.get_referents(d) for m in model.modules() for d in vars(m).values()
+             if isinstance(d, OrderedDict)}
+    assert after == before
 
 
 def test_fidelity_covers_the_custom_protocol_classes_natively() -> None:
