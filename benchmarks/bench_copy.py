@@ -17,6 +17,12 @@ between calls, never inside a timed call.  Peak extra memory is measured after t
 call per method: freed heap is first returned to the system (``malloc_trim``), the kernel's
 resident-set high-water mark is reset (``/proc/self/clear_refs``), and the peak is read back
 (``VmHWM``) while the copy is still alive; on CUDA, ``torch.cuda.max_memory_allocated``.
+
+Threads.  torch runs with one intra-op thread unless ``--threads`` says otherwise: with two
+threads on a two-core machine that other processes also use, OpenMP's workers spin-wait for a
+descheduled partner and the same 340 MB copy took anywhere from 20 to 520 ms (CPU time ballooning
+with it); with one thread it took 20-23 ms every round.  Wall time and process CPU time are both
+recorded; the CPU time is the figure that other load on the machine disturbs least.
 """
 
 from __future__ import annotations
@@ -542,14 +548,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small models, 3 rounds")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: see the module docstring)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="where to write the report")
     parser.add_argument("--only", default="", help="comma-separated model names to run")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     quick = args.quick
     big_layers, enc_layers = (4, 2) if quick else (24, 12)

@@ -58,6 +58,8 @@ class ModuleDeepcopy:
 
 def _deepcopy_after_module(cls: type) -> Optional[Any]:
     mro = cls.__mro__
+    if mro[-2] is torch.nn.Module:
+        return None  # only `object` follows nn.Module, and it has no __deepcopy__
     for klass in mro[mro.index(torch.nn.Module) + 1:]:
         found = klass.__dict__.get("__deepcopy__")
         if found is not None:
