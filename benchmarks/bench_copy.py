@@ -141,11 +141,14 @@ def tensor_dict(device: torch.device) -> Dict[str, torch.Tensor]:
 
 
 def tensors_of(obj: Any) -> List[torch.Tensor]:
+    """Every tensor a deep copy of ``obj`` must copy: for a model, its parameters and buffers
+    plus, in the non-leaf models, the cached activations and weight_norm's computed weights."""
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, dict):
         return list(obj.values())
-    return [t.detach() for t in list(obj.parameters()) + list(obj.buffers())]
+    nonleaf = [t for _, t in deepcopy_shim.find_nonleaf_tensors(obj)]
+    return [t.detach() for t in list(obj.parameters()) + list(obj.buffers()) + nonleaf]
 
 
 def model_bytes(obj: Any) -> int:
@@ -332,7 +335,7 @@ def run_case(case: Case, device: torch.device, regimes: List[str]) -> None:
                 clock.time(method.fn, obj, regimes[0])
             live.append(method)
         except Exception as exc:  # any refusal is a result to report
-            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
+            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}..."
             print(f"  {method.name}: fails ({result.error})")
     for regime in regimes:
         for round_no in range(case.rounds):
@@ -535,7 +538,8 @@ def write_plot(cases: Dict[str, Case], key: str, out: Path) -> None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel(f"median time per copy, {key} (ms, log scale)")
-    ax.set_title(f"Copying models: torch {torch.__version__}, {torch.get_num_threads()} threads")
+    threads = f"{torch.get_num_threads()} thread" + ("s" if torch.get_num_threads() > 1 else "")
+    ax.set_title(f"Copying models: torch {torch.__version__}, {threads}")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
