@@ -151,17 +151,17 @@ def tensors_of(obj: Any) -> List[torch.Tensor]:
     return [t.detach() for t in list(obj.parameters()) + list(obj.buffers()) + nonleaf]
 
 
-def model_bytes(obj: Any) -> int:
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors_of(obj)}
+def model_bytes(tensors: List[torch.Tensor]) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}
     return sum(storage.nbytes() for storage in storages.values())
 
 
-def storage_clone(obj: Any) -> Any:
-    return [t.untyped_storage().clone() for t in tensors_of(obj)]
+def storage_clone(tensors: List[torch.Tensor]) -> Any:
+    return [t.untyped_storage().clone() for t in tensors]
 
 
-def empty_like_copy(obj: Any) -> Any:
-    return [torch.empty_like(t).copy_(t) for t in tensors_of(obj)]
+def empty_like_copy(tensors: List[torch.Tensor]) -> Any:
+    return [torch.empty_like(t).copy_(t) for t in tensors]
 
 
 def save_load(obj: Any) -> Any:
@@ -179,7 +179,11 @@ class Method:
     kind: str = "copy"  # "copy", "workaround" or "limit"
 
 
-def methods_for(rebuild: Optional[Callable[[], nn.Module]]) -> List[Method]:
+def methods_for(
+    rebuild: Optional[Callable[[], nn.Module]], tensors: List[torch.Tensor]
+) -> List[Method]:
+    """The methods measured on one model; ``tensors`` are what the clone limit copies (found
+    once, outside the timed calls)."""
     found = [Method("native deepcopy", copy.deepcopy)]
     if copium is not None:
         found.append(Method("copium.deepcopy", copium.deepcopy))
@@ -199,8 +203,8 @@ def methods_for(rebuild: Optional[Callable[[], nn.Module]]) -> List[Method]:
             Method("torch.save/load (BytesIO)", save_load, kind="workaround"),
         ]
     found += [
-        Method("limit: storage clone", storage_clone, kind="limit"),
-        Method("limit: empty_like+copy_", empty_like_copy, kind="limit"),
+        Method("limit: storage clone", lambda obj: storage_clone(tensors), kind="limit"),
+        Method("limit: empty_like+copy_", lambda obj: empty_like_copy(tensors), kind="limit"),
     ]
     return found
 
@@ -323,8 +327,9 @@ def run_case(case: Case, device: torch.device, regimes: List[str]) -> None:
     clock, peak = Clock(device), PeakMemory(device)
     print(f"\n== {case.name}", flush=True)
     obj = case.build()
-    case.model_bytes = model_bytes(obj)
-    methods = methods_for(case.rebuild)
+    tensors = tensors_of(obj)
+    case.model_bytes = model_bytes(tensors)
+    methods = methods_for(case.rebuild, tensors)
     live: List[Method] = []
     for method in methods:  # warm-up; methods that refuse this object are reported as such
         result = case.results[method.name] = Result(case.name, method)
@@ -421,8 +426,8 @@ def targets(cases: Dict[str, Case], series: List[str]) -> List[Target]:
             {"one call": None if peak is None else peak / c.model_bytes}, 1.1, False,
         ))
     add("shim / native", "bare tensor", shim, named(native), 1.10, False)
-    add("shim / native", "dict of 1,000 tensors", shim, named(native), 1.10, False)
-    for case in ("module-heavy, non-leaf", "transformer, non-leaf"):
+    add("shim / native", "dict of 1000 tensors", shim, named(native), 1.10, False)
+    for case in ("module-heavy non-leaf", "transformer non-leaf"):
         add("fresh / shim", case, "state_dict -> fresh instance", named(shim), 5.0, True)
         add("save/load / shim", case, "torch.save/load (BytesIO)", named(shim), 10.0, True)
         add("save/load / clone limit (the most any copy could reach)", case,
@@ -575,12 +580,12 @@ def main(argv: Optional[List[str]] = None) -> int:
              lambda: big(big_layers).to(device)),
         Case("transformer", lambda: transformer(enc_layers).to(device), rounds(7),
              lambda: transformer(enc_layers).to(device)),
-        Case("transformer, non-leaf", lambda: transformer_nonleaf(enc_layers, device), rounds(7),
+        Case("transformer non-leaf", lambda: transformer_nonleaf(enc_layers, device), rounds(7),
              lambda: transformer_structure(enc_layers).to(device)),
-        Case("module-heavy, non-leaf", lambda: module_heavy_nonleaf(device), rounds(15),
+        Case("module-heavy non-leaf", lambda: module_heavy_nonleaf(device), rounds(15),
              lambda: module_heavy().to(device)),
         Case("bare tensor", lambda: bare_tensor(device), rounds(41)),
-        Case("dict of 1,000 tensors", lambda: tensor_dict(device), rounds(31)),
+        Case("dict of 1000 tensors", lambda: tensor_dict(device), rounds(31)),
     ]
     only = {name.strip() for name in args.only.split(",") if name.strip()}
     cases = {c.name: c for c in all_cases if not only or c.name in only}
