@@ -240,6 +240,10 @@ class Clock:
 
     def time(self, fn: Callable[[Any], Any], obj: Any, regime: str) -> Tuple[float, float, Any]:
         """(wall time, process CPU time, result) of ``fn(obj)``."""
+        # The same garbage-collector state for every call: otherwise a full collection, which
+        # walks every object in the process, falls inside whichever call happens to push the
+        # allocation count past its threshold.
+        gc.collect()
         if regime == "cold":
             LIBC.malloc_trim(0)
         self.sync()
