@@ -20,7 +20,7 @@ resident-set high-water mark is reset (``/proc/self/clear_refs``), and the peak 
 
 Threads.  torch runs with one intra-op thread unless ``--threads`` says otherwise: with two
 threads on a two-core machine that other processes also use, OpenMP's workers spin-wait for a
-descheduled partner and the same 340 MB copy took anywhere from 20 to 520 ms (CPU time ballooning
+descheduled partner and the same 325 MB copy took anywhere from 20 to 520 ms (CPU time ballooning
 with it); with one thread it took 20-23 ms every round.  Wall time and process CPU time are both
 recorded; the CPU time is the figure that other load on the machine disturbs least.
 """
