@@ -6,7 +6,7 @@ import copy
 import copyreg
 import gc
 from collections import OrderedDict
-from types import MethodType
+from types import FunctionType, MethodType
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -208,7 +208,9 @@ def _parameter_copier() -> Callable[[Any, Dict[Any, Any]], Any]:
     call without deepcopy's dispatch.  Other values go through deepcopy.
     """
     param_deepcopy = vars(Parameter).get("__deepcopy__")
-    if param_deepcopy is None or Parameter in _DEEPCOPY_DISPATCH:
+    # Only a plain function binds to the instance as its first argument; a staticmethod,
+    # classmethod or other descriptor put there by someone else is left to deepcopy.
+    if type(param_deepcopy) is not FunctionType or Parameter in _DEEPCOPY_DISPATCH:
         return _deepcopy
 
     def copy_value(value: Any, memo: Dict[Any, Any]) -> Any:
