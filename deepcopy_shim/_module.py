@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import gc
 from collections import OrderedDict
-from types import MethodType
-from typing import Any, Dict, Optional
+from types import FunctionType, MethodType
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from . import _modes
 from ._report import report_for
+from ._tensor import keep_alive
 
 __all__ = ["ModuleDeepcopy", "copy_module"]
 
 _deepcopy = copy.deepcopy
+_DEEPCOPY_DISPATCH = copy._deepcopy_dispatch  # type: ignore[attr-defined]
+_NIL: Any = []  # a sentinel no memo value can be, as in copy.deepcopy
+_referents = gc.get_referents
 # deepcopy returns these unchanged and never memoises them: skipping the call is exact.
 _ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes))
-_DICTS = (dict, OrderedDict)
-_TENSOR_DICTS = ("_parameters", "_buffers", "_modules")
+Parameter = torch.nn.Parameter
+_MODULE_GETSTATE = torch.nn.Module.__getstate__
+_MODULE_SETSTATE = torch.nn.Module.__setstate__
+_MODULE_BASICSIZE = torch.nn.Module.__basicsize__
+_OBJECT_REDUCE_EX = object.__reduce_ex__
+_OBJECT_REDUCE = object.__reduce__
 
 
 class ModuleDeepcopy:
@@ -49,6 +58,8 @@ class ModuleDeepcopy:
 
 def _deepcopy_after_module(cls: type) -> Optional[Any]:
     mro = cls.__mro__
+    if mro[-2] is torch.nn.Module:
+        return None  # only `object` follows nn.Module, and it has no __deepcopy__
     for klass in mro[mro.index(torch.nn.Module) + 1:]:
         found = klass.__dict__.get("__deepcopy__")
         if found is not None:
@@ -60,11 +71,12 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     """Deep-copy ``module`` (called as its ``__deepcopy__``); returns the copy, memoised.
 
     The object is reduced exactly as ``copy.deepcopy`` reduces it (``copyreg.dispatch_table``,
-    then ``__reduce_ex__(4)``, so custom ``__getstate__``/``__reduce_ex__``/``__slots__`` are
-    honoured).  A plain reduction (``copyreg.__newobj__``, a state dict, nothing else) is rebuilt
-    by the fast path below; anything else, and every copy made outside the shim's modes, goes
-    through ``copy._reconstruct``, the very code native deepcopy runs.  In mode ``strict`` the
-    whole copied object is checked before anything is copied.
+    then ``__reduce_ex__(4)``).  A plain reduction (``copyreg.__newobj__``, a state dict, nothing
+    else) of a class that keeps ``nn.Module``'s own copy protocol (``__getstate__``,
+    ``__setstate__``, ``__reduce_ex__``, ``__reduce__``, no ``__slots__``) is rebuilt by the fast
+    path below; anything else, and every copy made outside the shim's modes, goes through
+    ``copy._reconstruct``, the very code native deepcopy runs.  In mode ``strict`` the whole
+    copied object is checked before anything is copied.
     """
     mode = _modes.current_mode()
     if mode is _modes.Mode.STRICT:
@@ -74,16 +86,16 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     rv = reductor(module) if reductor is not None else module.__reduce_ex__(4)
     if isinstance(rv, str):
         return module
-    if mode is None or not _is_plain_reduction(rv, cls):
+    if mode is None or reductor is not None or not _is_plain_reduction(rv, cls):
         return copy._reconstruct(module, memo, *rv)  # type: ignore[attr-defined]
     new = rv[0](*rv[1])
     memo[id(module)] = new
-    state = _copy_state(rv[2], memo)
-    setstate = getattr(new, "__setstate__", None)
-    if setstate is not None:
-        setstate(state)
-    else:
-        new.__dict__.update(state)
+    state = rv[2]
+    # Every object memoised below is reachable from `state`, the reduction's dict; keeping it
+    # alive as long as the memo is what deepcopy's per-object _keep_alive guarantees: no
+    # memoised id can be reused by a new object during this copy.
+    keep_alive(state, memo)
+    new.__setstate__(_copy_state(state, memo))
     return new
 
 
@@ -94,45 +106,123 @@ def _is_plain_reduction(rv: Any, cls: type) -> bool:
         and len(rv[1]) == 1
         and rv[1][0] is cls
         and type(rv[2]) is dict
-        and all(extra is None for extra in rv[3:])
+        and rv[3:].count(None) == len(rv) - 3
+        # The class (or a mixin) may compute its state or restore it differently: then only
+        # the generic reconstruction is known to do what native deepcopy does.
+        and cls.__getstate__ is _MODULE_GETSTATE
+        and cls.__setstate__ is _MODULE_SETSTATE
+        and cls.__reduce_ex__ is _OBJECT_REDUCE_EX
+        and cls.__reduce__ is _OBJECT_REDUCE
+        # Slots would add storage beyond nn.Module's layout (native drops them; so would we,
+        # but a class with slots is one this path does not claim to understand).
+        and cls.__basicsize__ == _MODULE_BASICSIZE
     )
 
 
 def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
     """``copy.deepcopy(state, memo)`` for a module's state dict, without its generic overhead.
 
-    Equal to the generic copy item by item: the same dict types, the same memo entries (so a
-    ``RemovableHandle`` or anything else referring to a hook dict still finds its copy), the
-    same deepcopy of every value that is not an atom or an empty dict.  Most of a module's state
-    is ~15 hook dicts that are almost always empty; the generic path reduces each of them.
+    Equal to the generic copy item by item, in the same order: the same containers, the same
+    memo entries (so a ``RemovableHandle`` or anything else referring to a hook dict still
+    finds its copy), the same deepcopy of every value no shortcut below covers.  Most of a
+    module's state is ~12 hook OrderedDicts that are almost always empty and an empty set; the
+    generic path reduces and reconstructs each of them.
     """
-    new_state: Dict[str, Any] = {}
+    # Atoms, and tuples of atoms, are what deepcopy returns unchanged: start from them.
+    new_state = dict(state)
+    memo_get = memo.get
+    # A copyreg registration would replace the reduction of every OrderedDict or set.
+    plain_odicts = OrderedDict not in copyreg.dispatch_table
+    plain_sets = set not in copyreg.dispatch_table
     for key, value in state.items():
         kind = type(value)
-        if kind in _ATOMIC:
-            new_state[key] = value
-        elif kind in _DICTS:
-            if key in _TENSOR_DICTS:
-                new_state[key] = _copy_dict(value, memo)
-            elif not value:
-                existing = memo.get(id(value))
-                if existing is None:
-                    existing = memo[id(value)] = kind()
-                new_state[key] = existing
+        if kind is OrderedDict:
+            # deepcopy reduces an empty OrderedDict to OrderedDict() plus its instance
+            # attributes.  Those are found among its GC referents (an empty one has no others
+            # than an instance dict and a weakref list); `value.__dict__` would create an
+            # instance dict on the source.  Non-empty ones take the generic path.
+            if not value and plain_odicts and not _referents(value):
+                ident = id(value)
+                copied = memo_get(ident)
+                if copied is None:
+                    copied = memo[ident] = OrderedDict()
+                new_state[key] = copied
             else:
                 new_state[key] = _deepcopy(value, memo)
+        elif kind in _ATOMIC:
+            pass
+        elif kind is dict:
+            # deepcopy's own dict copier: memoise the new dict, then copy each item.
+            ident = id(value)
+            copied = memo_get(ident)
+            if copied is None:
+                if not value:
+                    copied = memo[ident] = {}
+                elif key == "_parameters":
+                    copied = _copy_items(value, memo, _parameter_copier())
+                else:
+                    copied = _copy_items(value, memo, _deepcopy)
+            new_state[key] = copied
+        elif kind is set and plain_sets and _all_atoms(value):
+            # deepcopy reduces a set to set(list(items)): a new set holding the same atoms.
+            ident = id(value)
+            copied = memo_get(ident)
+            if copied is None:
+                copied = memo[ident] = set(value)
+            new_state[key] = copied
+        elif kind is tuple and _all_atoms(value):
+            pass  # deepcopy's tuple copier returns such a tuple itself, and memoises nothing
         else:
             new_state[key] = _deepcopy(value, memo)
     return new_state
 
 
-def _copy_dict(mapping: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
-    # The same order as copy's _deepcopy_dict: memoise the new dict, then copy the items.
+def _all_atoms(items: Any) -> bool:
+    for item in items:
+        if type(item) not in _ATOMIC:
+            return False
+    return True
+
+
+def _copy_items(mapping: Dict[Any, Any], memo: Dict[Any, Any],
+                copy_value: Callable[[Any, Dict[Any, Any]], Any]) -> Dict[Any, Any]:
+    # The same order as copy's _deepcopy_dict / _reconstruct for an OrderedDict: memoise the
+    # new dict, then copy key and value of each item.
     existing = memo.get(id(mapping))
     if existing is not None:
         return existing  # type: ignore[no-any-return]
-    new: Dict[str, Any] = type(mapping)()
+    new: Dict[Any, Any] = type(mapping)()
     memo[id(mapping)] = new
-    for name, item in mapping.items():
-        new[name] = None if item is None else _deepcopy(item, memo)
+    for key, item in mapping.items():
+        if type(key) not in _ATOMIC:
+            key = _deepcopy(key, memo)
+        new[key] = None if item is None else copy_value(item, memo)
     return new
+
+
+def _parameter_copier() -> Callable[[Any, Dict[Any, Any]], Any]:
+    """A copier for the values of ``_parameters``, equal to ``copy.deepcopy``.
+
+    For an ``nn.Parameter`` of exactly that type deepcopy would find ``Parameter.__deepcopy__``
+    (whatever function it is now) and call it; calling that function directly is the same
+    call without deepcopy's dispatch.  Other values go through deepcopy.
+    """
+    param_deepcopy = vars(Parameter).get("__deepcopy__")
+    # Only a plain function binds to the instance as its first argument; a staticmethod,
+    # classmethod or other descriptor put there by someone else is left to deepcopy.
+    if type(param_deepcopy) is not FunctionType or Parameter in _DEEPCOPY_DISPATCH:
+        return _deepcopy
+
+    def copy_value(value: Any, memo: Dict[Any, Any]) -> Any:
+        found = memo.get(id(value), _NIL)
+        if found is not _NIL:
+            return found
+        # An instance attribute named __deepcopy__ would win over the class's in getattr.
+        if type(value) is not Parameter or "__deepcopy__" in value.__dict__:
+            return _deepcopy(value, memo)
+        new = param_deepcopy(value, memo)
+        if new is not value:
+            memo[id(value)] = new  # the memo entry deepcopy adds (Parameter's own adds it too)
+        return new
+
+    return copy_value

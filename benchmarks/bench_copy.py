@@ -1,0 +1,614 @@
+"""Benchmark: copying models with deepcopy-shim against native deepcopy and the usual workarounds.
+
+One command (from the repository root, after ``pip install -e ".[bench]"``)::
+
+    .venv/bin/python benchmarks/bench_copy.py [--quick] [--device cpu|cuda]
+
+writes ``docs/benchmark.md`` (the table, the machine, the targets) and ``docs/benchmark.png``,
+and prints one PASS/FAIL line per target.  ``--quick`` is a smoke run (smaller big models, few
+rounds); its numbers are not the ones to quote.
+
+How it measures.  Every method runs on the same model in the same process.  After one warm-up
+call of each method, each round calls every method once, in an order rotated from round to
+round, so that allocator and cache state (a first large allocation pays page faults that later
+ones may not) falls on every method alike.  Ratios are computed within a round and the median
+over rounds is reported, with the median time of each method.  The patch is installed or removed
+between calls, never inside a timed call.  Peak extra memory is measured after the timings, one
+call per method: freed heap is first returned to the system (``malloc_trim``), the kernel's
+resident-set high-water mark is reset (``/proc/self/clear_refs``), and the peak is read back
+(``VmHWM``) while the copy is still alive; on CUDA, ``torch.cuda.max_memory_allocated``.
+
+Threads.  torch runs with one intra-op thread unless ``--threads`` says otherwise: with two
+threads on a two-core machine that other processes also use, OpenMP's workers spin-wait for a
+descheduled partner and the same 325 MB copy took anywhere from 20 to 520 ms (CPU time ballooning
+with it); with one thread it took 20-23 ms every round.  Wall time and process CPU time are both
+recorded; the CPU time is the figure that other load on the machine disturbs least.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import ctypes
+import datetime
+import gc
+import io
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+import deepcopy_shim
+
+try:
+    import copium
+except ImportError:  # the peer is optional: its rows are left out
+    copium = None
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1 << 20
+try:
+    LIBC: Any = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc: one regime only, allocation state as it comes
+    LIBC = None
+
+
+def pin_allocator() -> List[str]:
+    """Make glibc keep freed memory (no trimming, no mmap for blocks under 32 MB).
+
+    By default the mmap threshold moves with the sizes freed so far and the heap top is trimmed
+    past a moving threshold: whether a call gets fresh pages then depends on what ran before.
+    Returns the regimes that can be measured here.
+    """
+    if LIBC is None:
+        return ["as is"]
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    LIBC.mallopt(m_trim_threshold, 2**31 - 1)
+    LIBC.mallopt(m_mmap_threshold, 32 * MB)  # glibc's maximum on 64-bit
+    return ["warm", "cold"]
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+def module_heavy() -> nn.Module:
+    return nn.Sequential(
+        *[layer for _ in range(300) for layer in (nn.Linear(16, 16), nn.LayerNorm(16), nn.ReLU())]
+    )
+
+
+def big(layers: int) -> nn.Module:
+    return nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(layers)])
+
+
+def transformer(layers: int) -> nn.Module:
+    layer = nn.TransformerEncoderLayer(768, 12, dim_feedforward=3072, batch_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
+def _cache_output(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+    module.cached = output  # an activation with autograd history, kept on the model
+
+
+def transformer_structure(layers: int) -> nn.Module:
+    """The same encoder with hook-based weight_norm on every feed-forward layer."""
+    model = transformer(layers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # hook-based weight_norm is deprecated
+        for block in model.layers:
+            torch.nn.utils.weight_norm(block.linear1)
+            torch.nn.utils.weight_norm(block.linear2)
+    return model
+
+
+def transformer_nonleaf(layers: int, device: torch.device) -> nn.Module:
+    """Cached non-leaf activations on every layer, and weight_norm's non-leaf weights."""
+    model = transformer_structure(layers).to(device)
+    for block in model.layers:
+        block.register_forward_hook(_cache_output)
+    model(torch.randn(2, 16, 768, device=device))  # grad enabled: the caches are non-leaf
+    return model
+
+
+def module_heavy_nonleaf(device: torch.device) -> nn.Module:
+    """Model (a) with each Linear's last output cached on it (non-leaf tensors)."""
+    model = module_heavy().to(device)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            layer.register_forward_hook(_cache_output)
+    model(torch.randn(4, 16, device=device))
+    return model
+
+
+def bare_tensor(device: torch.device) -> torch.Tensor:
+    return torch.randn(1024, 1024, device=device)
+
+
+def tensor_dict(device: torch.device) -> Dict[str, torch.Tensor]:
+    return {f"t{i}": torch.randn(16, device=device) for i in range(1000)}
+
+
+# --- methods ------------------------------------------------------------------------------
+
+
+def tensors_of(obj: Any) -> List[torch.Tensor]:
+    """Every tensor a deep copy of ``obj`` must copy: for a model, its parameters and buffers
+    plus, in the non-leaf models, the cached activations and weight_norm's computed weights."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return list(obj.values())
+    nonleaf = [t for _, t in deepcopy_shim.find_nonleaf_tensors(obj)]
+    return [t.detach() for t in list(obj.parameters()) + list(obj.buffers()) + nonleaf]
+
+
+def model_bytes(tensors: List[torch.Tensor]) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}
+    return sum(storage.nbytes() for storage in storages.values())
+
+
+def storage_clone(tensors: List[torch.Tensor]) -> Any:
+    return [t.untyped_storage().clone() for t in tensors]
+
+
+def empty_like_copy(tensors: List[torch.Tensor]) -> Any:
+    return [torch.empty_like(t).copy_(t) for t in tensors]
+
+
+def save_load(obj: Any) -> Any:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+@dataclass
+class Method:
+    name: str
+    fn: Callable[[Any], Any]
+    mode: Optional[str] = None  # the shim's mode while it runs; None: the patch is removed
+    kind: str = "copy"  # "copy", "workaround" or "limit"
+
+
+def methods_for(
+    rebuild: Optional[Callable[[], nn.Module]], tensors: List[torch.Tensor]
+) -> List[Method]:
+    """The methods measured on one model; ``tensors`` are what the clone limit copies (found
+    once, outside the timed calls)."""
+    found = [Method("native deepcopy", copy.deepcopy)]
+    if copium is not None:
+        found.append(Method("copium.deepcopy", copium.deepcopy))
+    found += [
+        Method("shim silent", copy.deepcopy, "silent"),
+        Method("shim warn", copy.deepcopy, "warn"),
+        Method("shim strict", copy.deepcopy, "strict"),
+    ]
+    if rebuild is not None:
+        def fresh(obj: Any) -> Any:
+            new = rebuild()
+            new.load_state_dict(obj.state_dict())
+            return new
+
+        found += [
+            Method("state_dict -> fresh instance", fresh, kind="workaround"),
+            Method("torch.save/load (BytesIO)", save_load, kind="workaround"),
+        ]
+    found += [
+        Method("limit: storage clone", lambda obj: storage_clone(tensors), kind="limit"),
+        Method("limit: empty_like+copy_", lambda obj: empty_like_copy(tensors), kind="limit"),
+    ]
+    return found
+
+
+# --- measuring ----------------------------------------------------------------------------
+
+
+def set_shim(mode: Optional[str]) -> None:
+    if mode is None:
+        deepcopy_shim.disable()
+    else:
+        deepcopy_shim.enable(mode)
+
+
+class Clock:
+    """Wall time of one call, from a known allocation state.
+
+    Whether a copy lands on pages the process already has, or on fresh pages it must fault in,
+    changes the time of a 400 MB copy about tenfold, and glibc's default heuristics make that a
+    lottery between calls.  So on the CPU the allocator is pinned (:func:`pin_allocator`) and
+    every method is timed in two regimes: ``warm``, reusing memory earlier calls freed (the
+    steady state of a loop that copies the same model again and again), and ``cold``, after
+    freed memory was handed back to the system with ``malloc_trim`` (a first copy).  CUDA's
+    caching allocator is always warm after the first call.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time(self, fn: Callable[[Any], Any], obj: Any, regime: str) -> Tuple[float, float, Any]:
+        """(wall time, process CPU time, result) of ``fn(obj)``."""
+        # The same garbage-collector state for every call: otherwise a full collection, which
+        # walks every object in the process, falls inside whichever call happens to push the
+        # allocation count past its threshold.
+        gc.collect()
+        if regime == "cold":
+            LIBC.malloc_trim(0)
+        self.sync()
+        start, start_cpu = time.perf_counter(), time.process_time()
+        out = fn(obj)
+        self.sync()
+        return time.perf_counter() - start, time.process_time() - start_cpu, out
+
+
+class PeakMemory:
+    """Peak extra memory of one call: host RSS high-water mark, or CUDA allocator peak."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.why_not = ""
+        if not self.cuda:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError as exc:
+                self.why_not = f"RSS high-water mark cannot be reset here ({exc})"
+            if LIBC is None:
+                self.why_not = "not glibc: freed memory cannot be handed back before measuring"
+
+    def measure(self, fn: Callable[[Any], Any], obj: Any) -> Optional[int]:
+        if self.why_not:
+            return None
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            out = fn(obj)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
+        else:
+            LIBC.malloc_trim(0)
+            Path("/proc/self/clear_refs").write_text("5")
+            base = _status_kb("VmRSS") * 1024
+            out = fn(obj)
+            peak = _status_kb("VmHWM") * 1024
+        del out
+        return max(0, peak - base)
+
+
+def _status_kb(field_name: str) -> int:
+    match = re.search(rf"^{field_name}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    assert match is not None
+    return int(match.group(1))
+
+
+@dataclass
+class Result:
+    case: str
+    method: Method
+    times: Dict[str, List[float]] = field(default_factory=dict)  # per series: "warm wall", ...
+    error: str = ""
+    peak: Optional[int] = None
+
+    def median(self, regime: str) -> float:
+        return statistics.median(self.times[regime])
+
+
+@dataclass
+class Case:
+    name: str
+    build: Callable[[], Any]
+    rounds: int
+    rebuild: Optional[Callable[[], nn.Module]] = None
+    results: Dict[str, Result] = field(default_factory=dict)
+    model_bytes: int = 0
+
+    def ratio(self, numerator: str, denominator: str, regime: str) -> Optional[float]:
+        """Median over rounds of time(numerator) / time(denominator); None if one failed."""
+        a, b = self.results[numerator], self.results[denominator]
+        if a.error or b.error:
+            return None
+        return statistics.median(x / y for x, y in zip(a.times[regime], b.times[regime]))
+
+    def limit(self, regime: str) -> str:
+        limits = [r for r in self.results.values() if r.method.kind == "limit" and not r.error]
+        return min(limits, key=lambda r: r.median(regime)).method.name
+
+
+def run_case(case: Case, device: torch.device, regimes: List[str]) -> None:
+    clock, peak = Clock(device), PeakMemory(device)
+    print(f"\n== {case.name}", flush=True)
+    obj = case.build()
+    tensors = tensors_of(obj)
+    case.model_bytes = model_bytes(tensors)
+    methods = methods_for(case.rebuild, tensors)
+    live: List[Method] = []
+    for method in methods:  # warm-up; methods that refuse this object are reported as such
+        result = case.results[method.name] = Result(case.name, method)
+        set_shim(method.mode)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                clock.time(method.fn, obj, regimes[0])
+            live.append(method)
+        except Exception as exc:  # any refusal is a result to report
+            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}..."
+            print(f"  {method.name}: fails ({result.error})")
+    for regime in regimes:
+        for round_no in range(case.rounds):
+            shift = round_no % len(live)
+            for method in live[shift:] + live[:shift]:
+                set_shim(method.mode)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    wall, cpu, out = clock.time(method.fn, obj, regime)
+                del out
+                times = case.results[method.name].times
+                times.setdefault(f"{regime} wall", []).append(wall)
+                times.setdefault(f"{regime} cpu", []).append(cpu)
+    for method in live:
+        set_shim(method.mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            case.results[method.name].peak = peak.measure(method.fn, obj)
+    set_shim(None)
+    for method in live:
+        r = case.results[method.name]
+        shown = "  ".join(f"{reg} {r.median(reg + ' wall') * 1e3:10.2f} ms" for reg in regimes)
+        print(f"  {method.name:32s} {shown}", flush=True)
+    del obj
+    gc.collect()
+
+
+# --- targets ------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    text: str
+    values: Dict[str, Optional[float]]  # per series
+    limit: float
+    higher_is_better: bool
+    info_only: bool = False  # shown beside the targets, not one of them
+
+    def passed(self, regime: str) -> bool:
+        value = self.values.get(regime)
+        if value is None:
+            return False
+        return value >= self.limit if self.higher_is_better else value <= self.limit
+
+    def line(self) -> str:
+        op = ">=" if self.higher_is_better else "<="
+        parts = []
+        for regime, value in self.values.items():
+            shown = "n/a" if value is None else f"{value:.2f}x"
+            verdict = "" if self.info_only else (" PASS" if self.passed(regime) else " FAIL")
+            parts.append(f"{regime} {shown}{verdict}")
+        verdict = "PASS" if all(map(self.passed, self.values)) else "FAIL"
+        head = "info" if self.info_only else verdict
+        return f"{head:4s}  {self.text} (target {op} {self.limit}x): " + ", ".join(parts)
+
+
+def targets(cases: Dict[str, Case], series: List[str]) -> List[Target]:
+    found: List[Target] = []
+    native, shim = "native deepcopy", "shim silent"
+
+    def add(text: str, case: str, a: str, b: Callable[[Case, str], str], limit: float,
+            higher: bool, info_only: bool = False) -> None:
+        c = cases.get(case)
+        if c is None:
+            return  # not run (--only)
+        values = {key: c.ratio(a, b(c, key), key) for key in series}
+        found.append(Target(f"{case}: {text}", values, limit, higher, info_only))
+
+    def named(name: str) -> Callable[[Case, str], str]:
+        return lambda c, regime: name
+
+    def limit_of(c: Case, regime: str) -> str:
+        return c.limit(regime)
+
+    add("native / shim", "module-heavy", native, named(shim), 3.0, True)
+    add("native / shim", "transformer", native, named(shim), 1.5, True)
+    add("shim / clone limit", "big", shim, limit_of, 1.15, False)
+    if "big" in cases:
+        c = cases["big"]
+        peak = c.results[shim].peak
+        found.append(Target(
+            "big: shim peak extra memory / model bytes",
+            {"one call": None if peak is None else peak / c.model_bytes}, 1.1, False,
+        ))
+    add("shim / native", "bare tensor", shim, named(native), 1.10, False)
+    add("shim / native", "dict of 1000 tensors", shim, named(native), 1.10, False)
+    for case in ("module-heavy non-leaf", "transformer non-leaf"):
+        add("fresh / shim", case, "state_dict -> fresh instance", named(shim), 5.0, True)
+        add("save/load / shim", case, "torch.save/load (BytesIO)", named(shim), 10.0, True)
+        add("save/load / clone limit (the most any copy could reach)", case,
+            "torch.save/load (BytesIO)", limit_of, 10.0, True, info_only=True)
+    add("warn / silent", "module-heavy", "shim warn", named(shim), 1.15, False)
+    add("strict / silent", "module-heavy", "shim strict", named(shim), 1.15, False, info_only=True)
+    return found
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+def machine() -> Dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "CPU": f"{cpu}, {os.cpu_count()} logical CPUs",
+        "OS": platform.platform(),
+        "Python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch threads": str(torch.get_num_threads()),
+        "deepcopy-shim": deepcopy_shim.__version__,
+        "copium": getattr(getattr(copium, "__about__", None), "__version__", "installed")
+        if copium is not None else "not installed",
+    }
+
+
+def write_table(cases: Dict[str, Case], found: List[Target], regimes: List[str],
+                args: argparse.Namespace, device: torch.device, out: Path) -> None:
+    info = machine()
+    if device.type == "cuda":
+        info["GPU"] = torch.cuda.get_device_name(device)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    lines = [
+        "# Benchmark: copying models",
+        "",
+        f"Generated by `python benchmarks/bench_copy.py{' --quick' if args.quick else ''}"
+        f" --device {device.type}` on {now:%Y-%m-%d %H:%M} UTC. See "
+        "[performance.md](performance.md) for what it measures and how to read it.",
+        "",
+        *[f"- {k}: {v}" for k, v in info.items()],
+        "",
+        "Times are medians over rounds; ratios are medians of per-round ratios: \"vs native\" is "
+        "native time / this time (higher is faster), \"vs limit\" is this time / the faster "
+        "clone limit. Regimes: warm = memory freed by earlier calls is reused, cold = every call "
+        "on fresh pages. Peak extra memory: one call, after the timings.",
+        "",
+    ]
+    head = "| model | method |"
+    rule = "| --- | --- |"
+    for clock in ("wall", "cpu"):
+        lines += [
+            f"### {'Wall time' if clock == 'wall' else 'Process CPU time (robust to other load)'}",
+            "",
+        ]
+        for regime in regimes:
+            head += f" {regime} time | {regime} vs native | {regime} vs limit |"
+            rule += " ---: | ---: | ---: |"
+        lines += [head + " peak extra memory |", rule + " ---: |"]
+        head, rule = "| model | method |", "| --- | --- |"
+        for case in cases.values():
+            label = f"{case.name} ({case.model_bytes / MB:,.1f} MB)"
+            for name, r in case.results.items():
+                if r.error:
+                    empty = " |" * (3 * len(regimes))
+                    lines.append(f"| {label} | {name} | fails: {r.error} |{empty}")
+                    continue
+                row = f"| {label} | {name} |"
+                for regime in regimes:
+                    key = f"{regime} {clock}"
+                    vs_native = case.ratio("native deepcopy", name, key)
+                    vs_limit = case.ratio(name, case.limit(key), key)
+                    row += f" {r.median(key) * 1e3:,.2f} ms |"
+                    row += f" {vs_native:.2f}x |" if vs_native is not None else " |"
+                    row += f" {vs_limit:.2f}x |" if vs_limit is not None else " |"
+                peak = "n/a" if r.peak is None else (
+                    f"{r.peak / MB:,.1f} MB ({r.peak / case.model_bytes:.2f}x model)"
+                )
+                lines.append(row + f" {peak} |")
+        lines.append("")
+    lines += ["", "## Targets", "", *[f"- {t.line()}" for t in found], ""]
+    out.write_text("\n".join(lines))
+
+
+def write_plot(cases: Dict[str, Case], key: str, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(cases)
+    methods: List[str] = []
+    for case in cases.values():
+        methods += [m for m in case.results if m not in methods]
+    fig, ax = plt.subplots(figsize=(11, 1.5 + 1.1 * len(names)))
+    height = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        ys, xs = [], []
+        for j, case in enumerate(cases.values()):
+            r = case.results.get(method)
+            if r is not None and not r.error:
+                ys.append(j + i * height)
+                xs.append(r.median(key) * 1e3)
+        ax.barh(ys, xs, height=height, label=method)
+    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(names))])
+    ax.set_yticklabels(names)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(f"median time per copy, {key} (ms, log scale)")
+    threads = f"{torch.get_num_threads()} thread" + ("s" if torch.get_num_threads() > 1 else "")
+    ax.set_title(f"Copying models: torch {torch.__version__}, {threads}")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small models, 3 rounds")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: see the module docstring)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="where to write the report")
+    parser.add_argument("--only", default="", help="comma-separated model names to run")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    quick = args.quick
+    big_layers, enc_layers = (4, 2) if quick else (24, 12)
+
+    def rounds(full: int) -> int:
+        return 3 if quick else full
+
+    torch.manual_seed(0)
+    all_cases = [
+        Case("module-heavy", lambda: module_heavy().to(device), rounds(21),
+             lambda: module_heavy().to(device)),
+        Case("big", lambda: big(big_layers).to(device), rounds(9),
+             lambda: big(big_layers).to(device)),
+        Case("transformer", lambda: transformer(enc_layers).to(device), rounds(7),
+             lambda: transformer(enc_layers).to(device)),
+        Case("transformer non-leaf", lambda: transformer_nonleaf(enc_layers, device), rounds(7),
+             lambda: transformer_structure(enc_layers).to(device)),
+        Case("module-heavy non-leaf", lambda: module_heavy_nonleaf(device), rounds(15),
+             lambda: module_heavy().to(device)),
+        Case("bare tensor", lambda: bare_tensor(device), rounds(41)),
+        Case("dict of 1000 tensors", lambda: tensor_dict(device), rounds(31)),
+    ]
+    only = {name.strip() for name in args.only.split(",") if name.strip()}
+    cases = {c.name: c for c in all_cases if not only or c.name in only}
+    regimes = pin_allocator() if device.type == "cpu" else ["warm"]
+    started = time.perf_counter()
+    for case in cases.values():
+        run_case(case, device, regimes)
+    series = [f"{regime} {clock}" for regime in regimes for clock in ("wall", "cpu")]
+    found = targets(cases, series)
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = "" if device.type == "cpu" else f"-{device.type}"
+    write_table(cases, found, regimes, args, device, args.out / f"benchmark{suffix}.md")
+    write_plot(cases, series[0], args.out / f"benchmark{suffix}.png")
+    elapsed = time.perf_counter() - started
+    print(f"\nwrote {args.out / f'benchmark{suffix}'}.md and .png in {elapsed:.0f} s")
+    for target in found:
+        print(target.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
