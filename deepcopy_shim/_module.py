@@ -24,7 +24,9 @@ _referents = gc.get_referents
 # deepcopy returns these unchanged and never memoises them: skipping the call is exact.
 _ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes))
 Parameter = torch.nn.Parameter
-_MODULE_GETSTATE = torch.nn.Module.__getstate__
+# nn.Module has no __getstate__ of its own in torch 2.0, and object has one only since Python
+# 3.11: either may be missing.
+_MODULE_GETSTATE = getattr(torch.nn.Module, "__getstate__", None)
 _MODULE_SETSTATE = torch.nn.Module.__setstate__
 _MODULE_BASICSIZE = torch.nn.Module.__basicsize__
 _OBJECT_REDUCE_EX = object.__reduce_ex__
@@ -109,7 +111,7 @@ def _is_plain_reduction(rv: Any, cls: type) -> bool:
         and rv[3:].count(None) == len(rv) - 3
         # The class (or a mixin) may compute its state or restore it differently: then only
         # the generic reconstruction is known to do what native deepcopy does.
-        and cls.__getstate__ is _MODULE_GETSTATE
+        and getattr(cls, "__getstate__", None) is _MODULE_GETSTATE
         and cls.__setstate__ is _MODULE_SETSTATE
         and cls.__reduce_ex__ is _OBJECT_REDUCE_EX
         and cls.__reduce__ is _OBJECT_REDUCE
