@@ -14,7 +14,9 @@ import re
 import sys
 from typing import Any, Dict, List
 
-SUMMARY = re.compile(r"^=+ (.*(?:passed|failed|error|skipped|no tests ran).* in [0-9.]+s.*?) =+$", re.M)
+SUMMARY = re.compile(
+    r"^=+ (.*(?:passed|failed|error|skipped|deselected|no tests ran).* in [0-9.]+s.*?) =+$", re.M
+)
 
 
 def _count(word: str, summary: str) -> int:
@@ -28,7 +30,8 @@ def _versions(env: Dict[str, Any]) -> str:
         name, _, version = line.partition("==")
         installed[name.lower()] = version
     python = ".".join(str(part) for part in env.get("python", {}).get("version_info", [])[:3])
-    return f"torch {installed.get('torch', '?')}, wrapt {installed.get('wrapt', '?')}, Python {python or '?'}"
+    torch, wrapt = installed.get("torch", "?"), installed.get("wrapt", "?")
+    return f"torch {torch}, wrapt {wrapt}, Python {python or '?'}"
 
 
 def main(argv: List[str]) -> int:
