@@ -291,7 +291,12 @@ def test_buffers_persistent_and_not_and_training_flag() -> None:
 def test_custom_getstate_module_uses_the_faithful_path() -> None:
     class Custom(nn.Linear):
         def __getstate__(self) -> Dict[str, Any]:
-            state = super().__getstate__()
+            # nn.Module.__getstate__ is new in torch 2.1 and object.__getstate__ in Python 3.11:
+            # on torch 2.0 with Python < 3.11 there is no __getstate__ to call.
+            if hasattr(super(), "__getstate__"):
+                state = super().__getstate__()
+            else:
+                state = dict(self.__dict__)
             state["restored_by_getstate"] = True
             return state
 
