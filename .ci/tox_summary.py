@@ -10,7 +10,9 @@ nothing ("no tests ran", exit status 5), fails the run.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from typing import Any, Dict, List
 
@@ -24,18 +26,35 @@ def _count(word: str, summary: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _versions(env: Dict[str, Any]) -> str:
+_PROBE = (
+    "import platform, torch, wrapt; "
+    "print(torch.__version__, wrapt.__version__, platform.python_version())"
+)
+
+
+def _versions(name: str, env: Dict[str, Any], work_dir: str) -> str:
     installed: Dict[str, str] = {}
     for line in env.get("installed_packages", []):
-        name, _, version = line.partition("==")
-        installed[name.lower()] = version
+        package, _, version = line.partition("==")
+        installed[package.lower()] = version
     python = ".".join(str(part) for part in env.get("python", {}).get("version_info", [])[:3])
-    torch, wrapt = installed.get("torch", "?"), installed.get("wrapt", "?")
-    return f"torch {torch}, wrapt {wrapt}, Python {python or '?'}"
+    torch, wrapt = installed.get("torch"), installed.get("wrapt")
+    if torch is None or wrapt is None:
+        # tox 4.67 records no installed_packages for an environment it has just recreated:
+        # ask the environment's own interpreter (tox's default env_dir, beside the result file).
+        interpreter = os.path.join(work_dir, name, "bin", "python")
+        if os.path.exists(interpreter):
+            probe = subprocess.run(
+                [interpreter, "-c", _PROBE], capture_output=True, text=True, check=False
+            )
+            if probe.returncode == 0 and len(probe.stdout.split()) == 3:
+                torch, wrapt, python = probe.stdout.split()
+    return f"torch {torch or '?'}, wrapt {wrapt or '?'}, Python {python or '?'}"
 
 
 def main(argv: List[str]) -> int:
     path, expected = argv[0], argv[1:]
+    work_dir = os.path.dirname(os.path.abspath(path))
     with open(path, encoding="utf-8") as handle:
         envs: Dict[str, Any] = json.load(handle).get("testenvs", {})
     failures = 0
@@ -51,7 +70,7 @@ def main(argv: List[str]) -> int:
         summary = summaries[-1] if summaries else "no pytest summary line"
         retcodes = [command.get("retcode") for command in commands]
         ok = all(code == 0 for code in retcodes) and _count("passed", summary) > 0
-        print(f"{'PASS' if ok else 'FAIL'} {name} ({_versions(env)}): {summary}")
+        print(f"{'PASS' if ok else 'FAIL'} {name} ({_versions(name, env, work_dir)}): {summary}")
         failures += not ok
     print(f"tox: {len(expected) - failures} of {len(expected)} environments passed")
     return 1 if failures or not expected else 0
