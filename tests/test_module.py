@@ -121,7 +121,8 @@ def test_hook_based_spectral_norm_after_forward(train: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    "first", [pytest.param("weight_norm", marks=needs_parametrizations_weight_norm), "spectral_norm"]
+    "first",
+    [pytest.param("weight_norm", marks=needs_parametrizations_weight_norm), "spectral_norm"],
 )
 def test_parametrizations_weight_norm_and_orthogonal(first: str) -> None:
     from torch.nn.utils import parametrizations
