@@ -10,6 +10,15 @@ import torch.nn as nn
 import deepcopy_shim
 from deepcopy_shim import _modes, _patch
 
+# (major, minor) of the torch under test, for tests of features that older releases lack.
+TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+# torch.nn.utils.parametrizations.weight_norm appeared in torch 2.1 (2.0 has only orthogonal and
+# spectral_norm there; the hook-based torch.nn.utils.weight_norm exists everywhere).
+needs_parametrizations_weight_norm = pytest.mark.skipif(
+    TORCH_VERSION < (2, 1), reason="torch.nn.utils.parametrizations.weight_norm is new in torch 2.1"
+)
+
 ORIGINAL_TENSOR_DEEPCOPY = vars(torch.Tensor)["__deepcopy__"]
 ORIGINAL_MODULE_ATTRS = dict(vars(nn.Module))
 

@@ -9,12 +9,18 @@ import sys
 import textwrap
 import threading
 import warnings
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 import torch
 import torch.nn as nn
-from conftest import ORIGINAL_MODULE_ATTRS, ORIGINAL_TENSOR_DEEPCOPY, CachingNet, native_refuses
+from conftest import (
+    ORIGINAL_MODULE_ATTRS,
+    ORIGINAL_TENSOR_DEEPCOPY,
+    CachingNet,
+    native_refuses,
+    needs_parametrizations_weight_norm,
+)
 
 import deepcopy_shim
 from deepcopy_shim import Mode, _modes, _patch
@@ -217,12 +223,34 @@ def test_concurrent_enable_disable_counts_exactly() -> None:
     assert _patch._users == 0 and not _patch.is_installed()
 
 
-def test_parametrized_while_enabled_still_copies_after_disable() -> None:
-    from torch.nn.utils import parametrizations, parametrize
+class _Doubled(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * 2
+
+
+def _weight_norm(layer: nn.Module) -> nn.Module:
+    from torch.nn.utils import parametrizations
+
+    return parametrizations.weight_norm(layer)  # type: ignore[no-any-return]
+
+
+def _doubled(layer: nn.Module) -> nn.Module:
+    from torch.nn.utils import parametrize
+
+    return parametrize.register_parametrization(layer, "weight", _Doubled())
+
+
+@pytest.mark.parametrize(
+    "parametrized", [pytest.param(_weight_norm, marks=needs_parametrizations_weight_norm), _doubled]
+)
+def test_parametrized_while_enabled_still_copies_after_disable(
+    parametrized: Callable[[nn.Module], nn.Module],
+) -> None:
+    from torch.nn.utils import parametrize
 
     deepcopy_shim.enable()
     assert not hasattr(nn.Linear, "__deepcopy__")  # what parametrize checks
-    layer = parametrizations.weight_norm(nn.Linear(3, 3))
+    layer = parametrized(nn.Linear(3, 3))
     assert parametrize.is_parametrized(layer)
     deepcopy_shim.disable()
     copied = copy.deepcopy(layer)
