@@ -18,6 +18,7 @@ from conftest import (
     ORIGINAL_MODULE_ATTRS,
     ORIGINAL_TENSOR_DEEPCOPY,
     CachingNet,
+    module_attrs,
     native_refuses,
     needs_parametrizations_weight_norm,
 )
@@ -34,7 +35,7 @@ def test_enable_installs_and_disable_restores_identity(caching_net: CachingNet) 
     assert "__deepcopy__" in vars(nn.Module)
     deepcopy_shim.disable()
     assert vars(torch.Tensor)["__deepcopy__"] is ORIGINAL_TENSOR_DEEPCOPY
-    assert dict(vars(nn.Module)) == ORIGINAL_MODULE_ATTRS
+    assert module_attrs() == ORIGINAL_MODULE_ATTRS
     assert native_refuses(caching_net)  # the native error is back, verbatim
 
 
@@ -354,11 +355,12 @@ def test_failed_deferred_install_never_breaks_import_torch() -> None:
     result = _run(
         """
         import warnings, wrapt
-        warnings.simplefilter("error")
+        import deepcopy_shim  # does not import torch
+        # as pytest's filterwarnings = error::deepcopy_shim.DeepcopyShimWarning would
+        warnings.filterwarnings("error", category=deepcopy_shim.DeepcopyShimWarning)
         def other_patch(torch):  # runs first: post-import hooks fire in registration order
             torch.nn.Module.__deepcopy__ = lambda self, memo: self
         wrapt.register_post_import_hook(other_patch, "torch")
-        import deepcopy_shim
         deepcopy_shim.enable()
         import torch
         from deepcopy_shim import _patch
