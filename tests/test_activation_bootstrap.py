@@ -111,9 +111,11 @@ def _exec_pth(value: Optional[str], extra_path: Optional[Path] = None
         "import os, sys\n"  # site, skipped here by -S, has imported os before any .pth runs
         + (f"sys.path.insert(0, {str(extra_path)!r})\n" if extra_path else "")
         + f"sys.path += [{str(REPO)!r}, {site_packages!r}]\n"
+        # read before the snapshot: on Python 3.9 a text-mode open() imports _bootlocale
+        f"line = open({str(PTH)!r}).read().splitlines()[0]\n"
         "before = set(sys.modules)\n"
-        f"exec(open({str(PTH)!r}).read().splitlines()[0])\n"
-        f"exec(open({str(PTH)!r}).read().splitlines()[0])  # venvs process .pth files twice\n"
+        "exec(line)\n"
+        "exec(line)  # venvs process .pth files twice\n"
         "print(sorted(set(sys.modules) - before))\n"
     )
     return subprocess.run([DEV_PYTHON, "-S", "-c", code], env=clean_env(value),

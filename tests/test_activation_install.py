@@ -148,9 +148,10 @@ def test_install_layout(venv: Venv) -> None:
         editable = [n for n in pths if n != PTH_NAME and "deepcopy_shim" in n]
         assert editable and all(n < PTH_NAME for n in editable), pths
     assert (venv.bin / "deepcopy-shim").exists()
-    code = ("import importlib.metadata as m; "
-            "print(sorted(e.value for e in m.entry_points(group='pytest11') "
-            "if e.name == 'deepcopy_shim'))")
+    code = ("import importlib.metadata as m; eps = m.entry_points(); "
+            # entry_points(group=...) / .select() are Python 3.10+; 3.9 returns a dict
+            "eps = eps.select(group='pytest11') if hasattr(eps, 'select') else eps['pytest11']; "
+            "print(sorted(e.value for e in eps if e.name == 'deepcopy_shim'))")
     proc = probe(venv, None, code)
     assert proc.stdout.strip() == "['deepcopy_shim.pytest_plugin']", describe(proc)
 

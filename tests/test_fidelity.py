@@ -590,7 +590,9 @@ class CustomGetstate(nn.Module):
         self.cache = torch.ones(2)
 
     def __getstate__(self) -> Dict[str, Any]:
-        state = super().__getstate__()
+        # not super().__getstate__(): neither nn.Module (torch 2.0) nor object (Python < 3.11)
+        # has one everywhere
+        state = dict(self.__dict__)
         state["cache"] = None
         return state
 
