@@ -13,6 +13,7 @@ import torch
 
 from . import _modes
 from ._report import report_for
+from ._scan import ATOMIC_TYPES as _ATOMIC  # skipping deepcopy for these is exact
 from ._tensor import keep_alive
 
 __all__ = ["ModuleDeepcopy", "copy_module"]
@@ -21,8 +22,6 @@ _deepcopy = copy.deepcopy
 _DEEPCOPY_DISPATCH = copy._deepcopy_dispatch  # type: ignore[attr-defined]
 _NIL: Any = []  # a sentinel no memo value can be, as in copy.deepcopy
 _referents = gc.get_referents
-# deepcopy returns these unchanged and never memoises them: skipping the call is exact.
-_ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes))
 Parameter = torch.nn.Parameter
 # nn.Module has no __getstate__ of its own in torch 2.0, and object has one only since Python
 # 3.11: either may be missing.

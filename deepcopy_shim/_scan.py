@@ -60,7 +60,8 @@ def describe_tensor(tensor: torch.Tensor) -> str:
 # How a child hangs from its parent, to spell its path: `.name`, `[key]`, `[i]`, `{i}`, or a
 # pre-formatted step (partial's args/keywords).
 _ATTR, _ITEM, _INDEX, _MEMBER, _RAW = range(5)
-_ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes))
+# deepcopy returns these unchanged and never memoises them (the module copy relies on it too).
+ATOMIC_TYPES = frozenset((type(None), bool, int, float, complex, str, bytes))
 _EMPTY_SKIPPABLE = frozenset((dict, OrderedDict, list, tuple, set, frozenset))
 _TENSOR_DICTS = ("_parameters", "_buffers", "_modules")
 
@@ -102,7 +103,7 @@ def _walk(root: Any, torch: Any) -> Iterator[Tuple[str, Any]]:
     while stack:
         obj, link = stack.pop()
         kind = type(obj)
-        if kind in _ATOMIC or isinstance(obj, _OPAQUE) or id(obj) in seen:
+        if kind in ATOMIC_TYPES or isinstance(obj, _OPAQUE) or id(obj) in seen:
             continue
         seen.add(id(obj))
         children: List[Tuple[Any, _Link]] = []
@@ -120,7 +121,7 @@ def _walk(root: Any, torch: Any) -> Iterator[Tuple[str, Any]]:
         elif isinstance(obj, Module):
             for key, value in obj.__dict__.items():
                 vkind = type(value)
-                if vkind in _ATOMIC or (vkind in _EMPTY_SKIPPABLE and not value):
+                if vkind in ATOMIC_TYPES or (vkind in _EMPTY_SKIPPABLE and not value):
                     continue  # most of a module's state: flags and empty hook dicts
                 if key in _TENSOR_DICTS and isinstance(value, dict):
                     seen.add(id(value))
