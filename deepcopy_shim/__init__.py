@@ -5,28 +5,34 @@
 tensors are copied as detached leaves, modules are rebuilt from their own state.  Importing this
 package does not import torch.
 
-PYTEST_DONT_REWRITE: ``DEEPCOPY_SHIM`` imports this package at interpreter start-up, before pytest
-could rewrite it (it holds no assertions); this marker keeps pytest from warning about that.
+PYTEST_DONT_REWRITE (for pytest, which reads this docstring: ``DEEPCOPY_SHIM`` imports the
+package at interpreter start-up, before pytest could rewrite it; it holds no assertions).
 """
 
-from ._activation import deepcopy, disable, enable, enabled, is_enabled
-from ._modes import Mode
-from ._report import (
+from ._activation import current_mode, deepcopy, disable, enable, enabled, find_nonleaf_tensors, is_enabled
+from ._modes import Mode, ModeSetting, Source
+from ._warnings import (
     DeepcopyShimWarning,
+    DetachedCopyError,
     DetachedTensorsWarning,
     NonLeafTensorError,
     PatchConflictWarning,
+    TorchCompatibilityWarning,
 )
-from ._scan import find_nonleaf_tensors
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DeepcopyShimWarning",
+    "DetachedCopyError",
     "DetachedTensorsWarning",
     "Mode",
+    "ModeSetting",
     "NonLeafTensorError",
     "PatchConflictWarning",
+    "Source",
+    "TorchCompatibilityWarning",
+    "current_mode",
     "deepcopy",
     "disable",
     "enable",

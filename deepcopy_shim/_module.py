@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import copy
 import copyreg
 import gc
 from collections import OrderedDict
 from types import FunctionType, MethodType
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from . import _modes
-from ._report import report_for
-from ._scan import ATOMIC_TYPES as _ATOMIC  # skipping deepcopy for these is exact
-from ._tensor import keep_alive
+from ._protocol import ATOMIC_TYPES as _ATOMIC  # skipping deepcopy for these is exact
+from ._protocol import COPY_FRAMES, keep_alive, reconstruct, reduce_for_copy
+from ._protocol import DEEPCOPY as _deepcopy
+from ._protocol import DISPATCH as _DEEPCOPY_DISPATCH
+from ._protocol import NIL as _NIL
 
 __all__ = ["ModuleDeepcopy", "copy_module"]
 
-_deepcopy = copy.deepcopy
-_DEEPCOPY_DISPATCH = copy._deepcopy_dispatch  # type: ignore[attr-defined]
-_NIL: Any = []  # a sentinel no memo value can be, as in copy.deepcopy
 _referents = gc.get_referents
 Parameter = torch.nn.Parameter
 # nn.Module has no __getstate__ of its own in torch 2.0, and object has one only since Python
@@ -76,19 +74,16 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     else) of a class that keeps ``nn.Module``'s own copy protocol (``__getstate__``,
     ``__setstate__``, ``__reduce_ex__``, ``__reduce__``, no ``__slots__``) is rebuilt by the fast
     path below; anything else, and every copy made outside the shim's modes, goes through
-    ``copy._reconstruct``, the very code native deepcopy runs.  In mode ``strict`` the whole
-    copied object is checked before anything is copied.
+    ``copy._reconstruct``, the very code native deepcopy runs.  Nothing here depends on the
+    mode: what is reported is recorded by the tensors the copy meets (see ``_record``).
     """
-    mode = _modes.current_mode()
-    if mode is _modes.Mode.STRICT:
-        report_for(memo, module).check_strict()
     cls = type(module)
-    reductor = copyreg.dispatch_table.get(cls)
-    rv = reductor(module) if reductor is not None else module.__reduce_ex__(4)
+    rv = reduce_for_copy(module)
     if isinstance(rv, str):
         return module
-    if mode is None or reductor is not None or not _is_plain_reduction(rv, cls):
-        return copy._reconstruct(module, memo, *rv)  # type: ignore[attr-defined]
+    if (_modes.current_setting() is None or cls in copyreg.dispatch_table
+            or not _is_plain_reduction(rv, cls)):
+        return reconstruct(module, memo, *rv)
     new = rv[0](*rv[1])
     memo[id(module)] = new
     state = rv[2]
@@ -142,39 +137,33 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
             # attributes.  Those are found among its GC referents (an empty one has no others
             # than an instance dict and a weakref list); `value.__dict__` would create an
             # instance dict on the source.  Non-empty ones take the generic path.
-            if not value and plain_odicts and not _referents(value):
-                ident = id(value)
-                copied = memo_get(ident)
-                if copied is None:
-                    copied = memo[ident] = OrderedDict()
-                new_state[key] = copied
-            else:
+            if value or not plain_odicts or _referents(value):
                 new_state[key] = _deepcopy(value, memo)
+                continue
+            make: Callable[[], Any] = OrderedDict
         elif kind in _ATOMIC:
-            pass
+            continue
         elif kind is dict:
             # deepcopy's own dict copier: memoise the new dict, then copy each item.
-            ident = id(value)
-            copied = memo_get(ident)
-            if copied is None:
-                if not value:
-                    copied = memo[ident] = {}
-                elif key == "_parameters":
-                    copied = _copy_items(value, memo, _parameter_copier())
-                else:
-                    copied = _copy_items(value, memo, _deepcopy)
-            new_state[key] = copied
+            if value:
+                copier = _parameter_copier() if key == "_parameters" else _deepcopy
+                new_state[key] = _copy_items(value, memo, copier)
+                continue
+            make = dict
         elif kind is set and plain_sets and _all_atoms(value):
-            # deepcopy reduces a set to set(list(items)): a new set holding the same atoms.
-            ident = id(value)
-            copied = memo_get(ident)
-            if copied is None:
-                copied = memo[ident] = set(value)
-            new_state[key] = copied
+            make = value.copy  # deepcopy reduces a set to set(list(items)): the same atoms
         elif kind is tuple and _all_atoms(value):
-            pass  # deepcopy's tuple copier returns such a tuple itself, and memoises nothing
+            continue  # deepcopy's tuple copier returns such a tuple itself, memoising nothing
         else:
             new_state[key] = _deepcopy(value, memo)
+            continue
+        # The containers made here, memoised as deepcopy memoises them.  Written out rather
+        # than called: it runs ~12 times per module, where a call costs ~5% of the whole copy.
+        ident = id(value)
+        copied = memo_get(ident, _NIL)
+        if copied is _NIL:
+            copied = memo[ident] = make()
+        new_state[key] = copied
     return new_state
 
 
@@ -189,9 +178,9 @@ def _copy_items(mapping: Dict[Any, Any], memo: Dict[Any, Any],
                 copy_value: Callable[[Any, Dict[Any, Any]], Any]) -> Dict[Any, Any]:
     # The same order as copy's _deepcopy_dict / _reconstruct for an OrderedDict: memoise the
     # new dict, then copy key and value of each item.
-    existing = memo.get(id(mapping))
-    if existing is not None:
-        return existing  # type: ignore[no-any-return]
+    existing: Dict[Any, Any] = memo.get(id(mapping), _NIL)
+    if existing is not _NIL:
+        return existing
     new: Dict[Any, Any] = type(mapping)()
     memo[id(mapping)] = new
     for key, item in mapping.items():
@@ -201,18 +190,30 @@ def _copy_items(mapping: Dict[Any, Any], memo: Dict[Any, Any],
     return new
 
 
-def _parameter_copier() -> Callable[[Any, Dict[Any, Any]], Any]:
+# A dict copied here instead of by deepcopy is still a step of the copy's path (see _record).
+COPY_FRAMES[id(_copy_items.__code__)] = "mapping"
+
+
+_Copier = Callable[[Any, Dict[Any, Any]], Any]
+# The copier made for the Parameter.__deepcopy__ in place when it was made.
+_parameter_copier_for: Tuple[Any, _Copier] = (None, _deepcopy)
+
+
+def _parameter_copier() -> _Copier:
     """A copier for the values of ``_parameters``, equal to ``copy.deepcopy``.
 
     For an ``nn.Parameter`` of exactly that type deepcopy would find ``Parameter.__deepcopy__``
     (whatever function it is now) and call it; calling that function directly is the same
     call without deepcopy's dispatch.  Other values go through deepcopy.
     """
+    global _parameter_copier_for
     param_deepcopy = vars(Parameter).get("__deepcopy__")
     # Only a plain function binds to the instance as its first argument; a staticmethod,
     # classmethod or other descriptor put there by someone else is left to deepcopy.
     if type(param_deepcopy) is not FunctionType or Parameter in _DEEPCOPY_DISPATCH:
         return _deepcopy
+    if _parameter_copier_for[0] is param_deepcopy:
+        return _parameter_copier_for[1]
 
     def copy_value(value: Any, memo: Dict[Any, Any]) -> Any:
         found = memo.get(id(value), _NIL)
@@ -226,4 +227,5 @@ def _parameter_copier() -> Callable[[Any, Dict[Any, Any]], Any]:
             memo[id(value)] = new  # the memo entry deepcopy adds (Parameter's own adds it too)
         return new
 
+    _parameter_copier_for = (param_deepcopy, copy_value)
     return copy_value

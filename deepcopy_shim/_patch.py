@@ -1,85 +1,92 @@
-"""Installing and removing the patch: once, counted, under a lock, and exactly reversible.
+"""Installing and removing the patch: counted, exactly reversible, and never deadlocking.
 
 Two attributes change while the patch is installed:
 
-* ``torch.Tensor.__deepcopy__`` becomes a :class:`~deepcopy_shim._tensor.StableFunctionWrapper`
-  around the original function; removal puts the very same function object back.
-* ``torch.nn.Module.__deepcopy__`` (which torch does not define) is added as a
-  :class:`~deepcopy_shim._module.ModuleDeepcopy` descriptor; removal deletes it, leaving
-  ``vars(torch.nn.Module)`` exactly as it was.
+* ``torch.Tensor.__deepcopy__`` becomes a ``StableFunctionWrapper`` (see ``_tensor``) around the
+  original function; removal puts the very same function object back.
+* ``torch.nn.Module.__deepcopy__`` (which torch does not define) is added as a ``ModuleDeepcopy``
+  descriptor (see ``_module``); removal deletes it, leaving ``vars(torch.nn.Module)`` exactly as
+  it was.
 
-Users of the patch (``enable()`` counts as one, each active ``enabled()`` scope as one) acquire and
-release it; it is installed on the first acquire and removed on the last release.  Copies made in
-a thread or task with no mode (see ``_modes``) see native behaviour even while it is installed.
-If torch is not imported yet, installation waits for ``import torch`` through a wrapt post-import
-hook, so enabling the shim never imports torch itself.
+Users of the patch (``enable()`` counts as one, each active ``enabled()`` scope as one) call
+:func:`acquire` and :func:`release`.  The user is counted *before* anything is installed, so a
+post-import hook that fires at any moment sees it; installing waits for nothing while holding
+this module's lock (imports happen outside it, only attribute writes inside), so an ``import
+torch`` running in another thread can never deadlock with ``enable()``.  If torch is not imported
+yet, installation waits for ``import torch`` through a wrapt post-import hook: enabling the shim
+never imports torch itself.  Copies made in a thread or task with no mode (see ``_modes``) see
+native behaviour even while the patch is installed.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-import warnings
-from typing import Any, Optional, cast
+from typing import Any, List, Optional
 
-from ._report import PatchConflictWarning
+from ._warnings import PatchConflictWarning, TorchCompatibilityWarning, notify, warn_in_user_code
 
-__all__ = ["acquire", "release", "is_installed", "lock"]
+__all__ = ["acquire", "inert_reason", "is_installed", "release", "state"]
 
-# Reentrant: enable() holds it while acquiring, and a post-import hook may fire while an
-# acquire() on the same thread is importing torch.
-lock = threading.RLock()
+# Guards the four variables below.  Held only for reads, counts and attribute writes: never
+# while importing or warning (warning filters and showwarning hooks run arbitrary code).
+_lock = threading.Lock()
 _users = 0
-_installed: Optional[_Installed] = None
+_installed: Optional[_Patch] = None
 _hook_registered = False
+# Why the patch stays out of the way in this process (torch no longer refuses the way the shim
+# expects); decided once, by the first installation attempt.
+_inert: Optional[str] = None
+# Set while this thread is inside wrapt.register_post_import_hook, which calls the hook at once
+# if torch is (even partly) imported, still holding wrapt's own lock in wrapt 1.x.
+_registering = threading.local()
 
 
-class _Installed:
-    """The record of one installation: what was there before, and what we put there."""
+class _Patch:
+    """One installation: prepared outside the lock, applied and removed under it."""
 
     def __init__(self) -> None:
+        # torch first: if another thread is importing it, wait here, holding no import lock
+        # of ours; only then import the modules that import torch themselves.
         import torch
 
         from ._module import ModuleDeepcopy
-        from ._tensor import StableFunctionWrapper, make_tensor_deepcopy_wrapper
+        from ._tensor import StableFunctionWrapper, make_tensor_deepcopy_wrapper, refusal_problem
 
         # Typed as Any: the point is to assign attributes the type checker knows as methods.
-        self.tensor_cls: Any = cast(Any, torch.Tensor)
-        self.module_cls: Any = cast(Any, torch.nn.Module)
+        self.tensor_cls: Any = torch.Tensor
+        self.module_cls: Any = torch.nn.Module
+        self.original = vars(self.tensor_cls)["__deepcopy__"]
+        self.problem = refusal_problem(self.original)
+        self.tensor_patch = StableFunctionWrapper(
+            self.original, make_tensor_deepcopy_wrapper(self.original)
+        )
+        self.module_patch = ModuleDeepcopy()
+
+    def apply(self) -> None:
+        """Write both attributes.  Raises ``RuntimeError`` (writing nothing) if nn.Module
+        already has a ``__deepcopy__``: a torch release or another patch this shim does not know."""
         if "__deepcopy__" in vars(self.module_cls):
             raise RuntimeError(
                 "deepcopy_shim cannot install: torch.nn.Module already defines __deepcopy__ "
                 f"({vars(self.module_cls)['__deepcopy__']!r}), so this torch release (or another "
                 "patch) is not supported. Disable the other patch, or use torch's own copy."
             )
-        self.original = vars(self.tensor_cls)["__deepcopy__"]
-        self.tensor_patch = StableFunctionWrapper(
-            self.original, make_tensor_deepcopy_wrapper(self.original)
-        )
-        self.module_patch = ModuleDeepcopy()
         self.tensor_cls.__deepcopy__ = self.tensor_patch
         self.module_cls.__deepcopy__ = self.module_patch
 
-    def remove(self) -> None:
+    def remove(self) -> List[str]:
+        """Restore both attributes where they are still ours; return the names that were not."""
+        conflicts = []
         if vars(self.tensor_cls).get("__deepcopy__") is self.tensor_patch:
             self.tensor_cls.__deepcopy__ = self.original
         else:
-            _conflict("torch.Tensor.__deepcopy__")
+            conflicts.append("torch.Tensor.__deepcopy__")
         if vars(self.module_cls).get("__deepcopy__") is self.module_patch:
             del self.module_cls.__deepcopy__
         else:
-            _conflict("torch.nn.Module.__deepcopy__")
-
-
-def _conflict(name: str) -> None:
-    # Restoring over someone else's patch would silently remove theirs; leaving ours below
-    # theirs is harmless, since it behaves natively once no mode is active.
-    warnings.warn(
-        f"deepcopy_shim: {name} was replaced by someone else after deepcopy_shim patched it; "
-        "their patch is left in place and deepcopy_shim's, beneath it, is now inert.",
-        PatchConflictWarning,
-        stacklevel=4,
-    )
+            conflicts.append("torch.nn.Module.__deepcopy__")
+        return conflicts
 
 
 def is_installed() -> bool:
@@ -87,62 +94,120 @@ def is_installed() -> bool:
     return _installed is not None
 
 
-def acquire() -> None:
-    """Count one more user; install now if torch is imported, else when it is.
+def inert_reason() -> Optional[str]:
+    """Why the shim stays out of the way in this process, or None."""
+    return _inert
 
-    Raises ``RuntimeError`` (and counts nothing) if the patch cannot be installed.
+
+def state() -> str:
+    """``installed``, ``waiting for import torch``, ``inert`` or ``off``, for the doctor."""
+    if _installed is not None:
+        return "installed"
+    if _inert is not None:
+        return "inert"
+    if _users > 0:
+        return "waiting for import torch"
+    return "off"
+
+
+def acquire() -> None:
+    """Count one more user, then install now if torch is imported, else when it is.
+
+    Raises ``RuntimeError`` if the patch cannot be installed; the user is then not counted.
     """
     global _users
-    with lock:
-        if _users == 0:
-            _install_or_defer()
+    with _lock:
         _users += 1
+    try:
+        _sync()
+    except BaseException:
+        release()
+        raise
 
 
 def release() -> None:
-    """Count one user less; the last one removes the patch."""
-    global _users, _installed
-    with lock:
+    """Count one user less; the last one removes the patch.
+
+    Raises ``RuntimeError`` without a matching :func:`acquire`.
+    """
+    global _users
+    with _lock:
         if _users <= 0:
             raise RuntimeError("deepcopy_shim: release() without a matching acquire()")
         _users -= 1
+    _sync()
+
+
+def _sync() -> None:
+    """Bring torch in line with the user count.  Called without the lock held."""
+    global _installed, _inert
+    with _lock:
         if _users == 0 and _installed is not None:
-            installed, _installed = _installed, None
-            installed.remove()
+            removed, _installed = _installed, None
+            conflicts = removed.remove()
+        elif _users > 0 and _installed is None and _inert is None:
+            conflicts = None
+        else:
+            return
+    if conflicts is not None:
+        for name in conflicts:
+            # Restoring over someone else's patch would silently remove theirs; leaving ours
+            # below theirs is harmless, since it behaves natively once no mode is active.
+            warn_in_user_code(PatchConflictWarning(
+                f"deepcopy_shim: {name} was replaced by someone else after deepcopy_shim "
+                "patched it; their patch is left in place and deepcopy_shim's, beneath it, "
+                "is now inert."
+            ))
+        return
+    if "torch" not in sys.modules:
+        _defer()
+        return
+    patch = _Patch()  # imports; may wait for another thread's `import torch` to finish
+    with _lock:
+        if patch.problem is not None:
+            first = _inert is None
+            _inert = patch.problem
+        elif _users > 0 and _installed is None:
+            patch.apply()
+            _installed = patch
+            return
+        else:
+            return
+    if first:
+        notify(TorchCompatibilityWarning(patch.problem))
 
 
-def _install_or_defer() -> None:
-    global _installed, _hook_registered
-    if "torch" in sys.modules:
-        _installed = _Installed()
-    elif not _hook_registered:
-        # Post-import hooks cannot be unregistered: register once per process, and let the
-        # callback check whether anyone still wants the patch when torch finally arrives.
-        # wrapt is imported here, not at module level: it costs ~30 ms at start-up, which a
-        # program that imports deepcopy_shim without enabling it should not pay.
-        import wrapt
-
-        wrapt.register_post_import_hook(_on_torch_imported, "torch")
+def _defer() -> None:
+    global _hook_registered
+    with _lock:
+        if _hook_registered:
+            return
         _hook_registered = True
+    # Post-import hooks cannot be unregistered: one per process, and the callback asks _sync
+    # whether anyone still wants the patch when torch arrives.  wrapt is imported here, not at
+    # module level: ~30 ms that a program importing deepcopy_shim without enabling it should
+    # not pay.
+    import wrapt
+
+    _registering.active = True
+    try:
+        wrapt.register_post_import_hook(_on_torch_imported, "torch")
+    finally:
+        _registering.active = False
+    if "torch" in sys.modules:
+        _sync()  # torch arrived while registering: the hook left the work to us, here
 
 
 def _on_torch_imported(module: Any) -> None:
-    global _installed
-    with lock:
-        if _users == 0 or _installed is not None:
-            return
-        try:
-            _installed = _Installed()
-        except Exception as exc:
-            _report_deferred_failure(exc)
-
-
-def _report_deferred_failure(exc: Exception) -> None:
-    # This runs inside the user's `import torch`, and wrapt does not catch what a hook raises:
-    # a warning escalated to an error (-W error, pytest filterwarnings) must not become an
-    # ImportError of torch, so it degrades to one line on stderr.
-    message = f"deepcopy_shim: the patch was not installed at `import torch`: {exc}"
+    if getattr(_registering, "active", False):
+        # Called from inside register_post_import_hook (wrapt 1.x holds its lock here, and
+        # another thread may still be importing torch): _defer installs once it returns.
+        return
     try:
-        warnings.warn(message, PatchConflictWarning, stacklevel=3)
-    except Exception:
-        sys.stderr.write(message.replace("\n", " ") + "\n")
+        _sync()
+    except Exception as exc:
+        # This runs inside the user's `import torch`, and wrapt does not catch what a hook
+        # raises: a failure must not become an ImportError of torch.
+        notify(PatchConflictWarning(
+            f"deepcopy_shim: the patch was not installed at `import torch`: {exc}"
+        ))

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import sys
 from types import MethodType
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import wrapt
 
-from . import _modes
-from ._report import report_for
+from . import _modes, _protocol, _record, _report
+from ._warnings import DetachedCopyError
 
-__all__ = ["StableFunctionWrapper", "make_tensor_deepcopy_wrapper", "keep_alive"]
+__all__ = ["StableFunctionWrapper", "copy_detached", "make_tensor_deepcopy_wrapper", "refusal_problem"]
+
+# What torch's refusal says, in every release from 2.0 on (older ones say less after it).
+_REFUSAL = "graph leaves"
 
 # Keys torch's own deepcopy strips from a tensor's __dict__ (``_clear_non_serializable_cached_data``):
 # PyCapsules that cannot be copied and are re-created on demand.  We drop them from the copy
@@ -43,13 +47,28 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
         return MethodType(self, instance)
 
 
-def keep_alive(obj: Any, memo: Dict[Any, Any]) -> None:
-    """Keep ``obj`` alive as long as ``memo``, exactly as ``copy.deepcopy`` does for its sources.
+def refusal_problem(original: Callable[..., Any]) -> Optional[str]:
+    """None if ``original`` refuses a non-leaf tensor the way the shim expects, else why not.
 
-    The memo is keyed by ``id()``; a temporary memoised and then freed would let a later object
-    reuse its id and receive the wrong copy (seen as "can't assign Variable as its own grad").
+    The shim handles exactly one error of torch's; if this torch copies non-leaf tensors itself,
+    or refuses them in words the shim does not recognise, the patch must stay out of the way.
     """
-    memo.setdefault(id(memo), []).append(obj)
+    probe = torch.ones(1, requires_grad=True) * 2
+    try:
+        original(probe, {})
+    except RuntimeError as exc:
+        if _REFUSAL in str(exc):
+            return None
+        return (f"deepcopy_shim: torch {torch.__version__} refuses to deep-copy a non-leaf tensor "
+                f"with a message deepcopy_shim does not recognise ({exc}); the shim stays out of "
+                "the way (copies behave natively). Please report this with the output of "
+                "`python -m deepcopy_shim --check`.")
+    except Exception as exc:
+        return (f"deepcopy_shim: torch {torch.__version__} failed in an unexpected way when "
+                f"deep-copying a non-leaf tensor ({type(exc).__name__}: {exc}); the shim stays "
+                "out of the way (copies behave natively).")
+    return (f"deepcopy_shim: torch {torch.__version__} deep-copies non-leaf tensors itself; the "
+            "shim is not needed and stays out of the way (copies behave natively).")
 
 
 def make_tensor_deepcopy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,20 +83,18 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any]) -> Callable[..., 
         try:
             return wrapped(*args, **kwargs)
         except RuntimeError as exc:
-            mode = _modes.current_mode()
-            if mode is None or "graph leaves" not in str(exc):
+            setting = _modes.current_setting()
+            if setting is None or _REFUSAL not in str(exc):
                 raise
             tensor, memo = _bind(instance, args, kwargs)
             if tensor.is_leaf:  # the refusal came from somewhere inside, not from this tensor
                 raise
-            existing = memo.get(id(tensor))
-            if existing is not None:
+            # torch checks is_leaf before its memo: a tensor already copied in this deepcopy
+            # (reached again through a direct __deepcopy__ call) is a memo hit, not a copy.
+            existing = memo.get(id(tensor), _protocol.NIL)
+            if existing is not _protocol.NIL:
                 return existing
-            if mode is _modes.Mode.STRICT:
-                raise report_for(memo, tensor).refuse(tensor) from None
-            if mode is _modes.Mode.WARN:
-                report_for(memo, tensor).warn_detached(tensor)
-            return copy_detached(original, tensor, memo)
+            return copy_detached(original, tensor, memo, setting, sys._getframe(1))
 
     return tensor_deepcopy
 
@@ -91,34 +108,49 @@ def _bind(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple
     return instance, memo
 
 
-def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict[Any, Any]) -> torch.Tensor:
+def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict[Any, Any],
+                  setting: _modes.ModeSetting, caller: Any) -> torch.Tensor:
     """Copy the non-leaf ``tensor`` as torch copies its detached leaf, then restore the rest.
 
     Going through ``original`` on a detached alias (rather than ``clone()``) keeps torch's
     storage memo in charge, so views and their bases copied in one deepcopy still share storage,
     and keeps strides, offset, sparse and quantized layouts exactly as torch makes them; conj and
     neg bits are kept as bits (torch resolves them on leaves).  Then: ``requires_grad``, a
-    retained ``.grad``, and a subclass's ``__dict__`` and slots.
+    retained ``.grad``, and a subclass's ``__dict__`` and slots.  ``caller`` is the frame that
+    called ``Tensor.__deepcopy__``.
+
+    The tensor enters the copy's record (see ``_record``) as it is met, so that the record
+    keeps the order of the copy, and leaves it again if its copy fails: then
+    :class:`DetachedCopyError` names the tensor's path, with torch's error as its cause (and
+    not chained under the "graph leaves" refusal).
     """
+    record = _record.record_for(memo, setting, tensor)
+    met = record.meet(tensor, caller) if record is not None else None
     cls = type(tensor)
-    with torch.no_grad():
-        alias = tensor.detach()
-        if type(alias) is not cls:
-            # Under torch-function-disabled redispatch detach() returns a plain Tensor.
-            alias = alias.as_subclass(cls)
-        # torch resolves conj/neg bits physically (a new storage, aliasing lost); copy the raw
-        # data through the storage memo instead and put the lazy bit back on the copy.
-        conj, neg = alias.is_conj(), alias.is_neg()
-        if conj:
-            alias = alias.conj()
-        if neg:
-            alias = torch._neg_view(alias)
-        keep_alive(alias, memo)
-        result: torch.Tensor = original(alias, memo)
-        if neg:
-            result = torch._neg_view(result)
-        if conj:
-            result = result.conj()
+    try:
+        with torch.no_grad():
+            alias = tensor.detach()
+            if type(alias) is not cls:
+                # Under torch-function-disabled redispatch detach() returns a plain Tensor.
+                alias = alias.as_subclass(cls)
+            # torch resolves conj/neg bits physically (a new storage, aliasing lost); copy the
+            # raw data through the storage memo instead and put the lazy bit back on the copy.
+            conj, neg = alias.is_conj(), alias.is_neg()
+            if conj:
+                alias = alias.conj()
+            if neg:
+                alias = torch._neg_view(alias)
+            _protocol.keep_alive(alias, memo)
+            result: torch.Tensor = original(alias, memo)
+            if neg:
+                result = torch._neg_view(result)
+            if conj:
+                result = result.conj()
+    except Exception as exc:
+        if record is not None and met is not None:
+            record.forget(met)
+        path = _record.path_here(memo, tensor, setting)
+        raise DetachedCopyError(_report.detached_copy_failure(path, tensor, exc), path=path) from exc
     memo[id(tensor)] = result
     if tensor.requires_grad:
         result.requires_grad_(True)
@@ -135,4 +167,6 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
         if not _NON_SERIALIZABLE_KEYS.isdisjoint(state):
             state = {k: v for k, v in state.items() if k not in _NON_SERIALIZABLE_KEYS}
         result.__dict__ = copy.deepcopy(state, memo)
+    if record is not None and met is not None:
+        record.copied(met)
     return result

@@ -1,15 +1,16 @@
 """pytest plugin (entry point ``pytest11``): run a test session, or single tests, with the shim on.
 
-Inert unless asked: with neither option nor ini key nor marker it changes nothing and never
-imports torch (loading it imports the small ``deepcopy_shim`` package, as any entry point inside a
-package does).
+Inert unless asked: with neither option nor ini key nor marker it changes nothing, never imports
+torch, and adds nothing to any test (loading it imports the small ``deepcopy_shim`` package, as
+any entry point inside a package does).
 
 * ``--deepcopy-shim=MODE`` on the command line, or ``deepcopy_shim = MODE`` in the ini file (the
-  command line wins): :func:`deepcopy_shim.enable` for the whole session and ``DEEPCOPY_SHIM=MODE``
-  for the processes the tests start.  ``MODE`` takes the ``DEEPCOPY_SHIM`` vocabulary; an "off"
-  value (``off``, ``0``...) switches off a shim that the environment had enabled.
+  command line wins): the shim is enabled for the whole session, and ``DEEPCOPY_SHIM=MODE`` is
+  set for the processes the tests start.  ``MODE`` takes the vocabulary of every door; an off
+  word (``off``, ``0``...) switches off a shim that the environment had enabled.
 * ``@pytest.mark.deepcopy_shim("strict")``: that test (its function-scoped fixtures included) runs
-  inside :class:`deepcopy_shim.enabled`; without an argument the mode is ``warn``.
+  inside ``deepcopy_shim.enabled``; without an argument the mode is ``warn``.  The marker is
+  applied at collection, to marked tests only: unmarked tests pay nothing.
 * The ``deepcopy_shim`` fixture does the same for the test that requests it (mode from its marker,
   else from ``indirect`` parametrization, else ``warn``) and returns the ``deepcopy_shim`` module.
 
@@ -19,27 +20,33 @@ The header line of the run says whether the shim is active for the session and i
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
 import pytest
 
 if TYPE_CHECKING:
-    from ._modes import Mode
+    from ._modes import ModeSetting
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_unconfigure", "pytest_report_header"]
+__all__ = [
+    "pytest_addoption",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_report_header",
+    "pytest_unconfigure",
+]
 
 _OPTION_HELP = ("run the whole session with deepcopy-shim enabled in MODE: warn, strict or silent "
                 "(also 1/true/on/yes for warn; 0/false/off/no for off, overriding DEEPCOPY_SHIM)")
+_MARKER = "deepcopy_shim"
+_MARKER_FIXTURE = "_deepcopy_shim_marker"
 
 
 class _Session:
-    """What the option/ini asked for: the mode (None: off), where it came from, and the
-    ``DEEPCOPY_SHIM`` value to restore at the end of the session."""
+    """What the option/ini asked for: the setting (None: off) and the ``DEEPCOPY_SHIM`` value
+    to restore at the end of the session."""
 
-    def __init__(self, mode: Optional[Mode], source: str, previous_env: Optional[str]) -> None:
-        self.mode = mode
-        self.source = source
+    def __init__(self, setting: Optional[ModeSetting], previous_env: Optional[str]) -> None:
+        self.setting = setting
         self.previous_env = previous_env
 
 
@@ -57,46 +64,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "deepcopy_shim(mode='warn'): run this test with deepcopy-shim enabled in mode "
+        f"{_MARKER}(mode='warn'): run this test with deepcopy-shim enabled in mode "
         "(warn, strict or silent)",
     )
     value: Optional[str] = config.getoption("deepcopy_shim")
-    source = "--deepcopy-shim"
+    how, what = "pytest --deepcopy-shim={}", "--deepcopy-shim value"
     if value is None:
         ini = str(config.getini("deepcopy_shim") or "")
         if not ini.strip():
             config.stash[_SESSION_KEY] = None
             return
-        value, source = ini, "ini deepcopy_shim"
-    from ._activation import disable, enable
-    from ._bootstrap import ENV_VAR, parse_env_value, valid_values
+        value, how, what = ini, "`deepcopy_shim = {}` in the pytest ini file", "ini value deepcopy_shim ="
+    from ._activation import set_global
+    from ._bootstrap import ENV_VAR
+    from ._modes import ModeSetting, ModeValueError, Source, parse_mode
 
     try:
-        mode = parse_env_value(value)
-    except ValueError:
-        raise pytest.UsageError(
-            f"deepcopy_shim: invalid {source} value {value!r}; valid values are {valid_values()}"
-        ) from None
-    session = _Session(mode, source, os.environ.get(ENV_VAR))
-    config.stash[_SESSION_KEY] = session
-    if mode is None:
-        disable()
-        os.environ.pop(ENV_VAR, None)
-    else:
-        enable(mode)
-        # Child processes of the tests (spawn workers, subprocess) are activated by the .pth hook.
-        os.environ[ENV_VAR] = mode.value
+        mode = parse_mode(value, what)
+    except ModeValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    setting = None if mode is None else ModeSetting(mode, Source.PYTEST, how)
+    config.stash[_SESSION_KEY] = _Session(setting, os.environ.get(ENV_VAR))
+    set_global(setting)
+    # Child processes of the tests (spawn workers, subprocess) are activated by the .pth hook.
+    os.environ[ENV_VAR] = mode.value if mode is not None else "off"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(_SESSION_KEY, None)
     if session is None:
         return
-    from ._activation import disable
+    from ._activation import set_global
     from ._bootstrap import ENV_VAR
 
-    if session.mode is not None:
-        disable()
+    if session.setting is not None:
+        set_global(None)
     if session.previous_env is None:
         os.environ.pop(ENV_VAR, None)
     else:
@@ -106,45 +108,57 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
     session = config.stash.get(_SESSION_KEY, None)
     if session is not None:
-        if session.mode is None:
-            return [f"deepcopy_shim: off (from {session.source})"]
-        return [f"deepcopy_shim: active, mode={session.mode.value} (from {session.source})"]
-    # Not asked through pytest; report an activation by DEEPCOPY_SHIM without importing anything.
-    modes = sys.modules.get("deepcopy_shim._modes")
-    mode = modes.global_mode() if modes is not None else None
-    if mode is not None:
-        return [f"deepcopy_shim: active, mode={mode.value} (from DEEPCOPY_SHIM)"]
-    return None
+        if session.setting is None:
+            return ["deepcopy_shim: off (from --deepcopy-shim or the ini key)"]
+        return [f"deepcopy_shim: active, mode {session.setting}"]
+    # Not asked through pytest; report an activation by DEEPCOPY_SHIM.
+    from ._activation import current_mode
+
+    setting = current_mode()
+    return [f"deepcopy_shim: active, mode {setting}"] if setting is not None else None
 
 
-def _requested_mode(request: pytest.FixtureRequest) -> Optional[str]:
-    marker = request.node.get_closest_marker("deepcopy_shim")
-    if marker is not None:
-        if len(marker.args) + len(marker.kwargs) > 1 or set(marker.kwargs) - {"mode"}:
-            raise pytest.UsageError(
-                f"deepcopy_shim: the deepcopy_shim marker takes one mode, got {marker.args!r} "
-                f"{marker.kwargs!r}; use @pytest.mark.deepcopy_shim('warn'|'strict'|'silent')")
-        return str(marker.kwargs.get("mode", marker.args[0] if marker.args else "warn"))
-    return None
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    # Only marked tests get the fixture that opens their scope (time-machine's pattern): an
+    # autouse fixture would run for every test of every project that has this package.
+    for item in items:
+        if item.get_closest_marker(_MARKER) is None:
+            continue
+        names = getattr(item, "fixturenames", None)
+        if isinstance(names, list) and _MARKER not in names and _MARKER_FIXTURE not in names:
+            names.insert(0, _MARKER_FIXTURE)
 
 
-def _scope(mode_name: str, where: str) -> Any:
-    from ._activation import enabled
+def _marker_mode(node: Any) -> Optional[str]:
+    marker = node.get_closest_marker(_MARKER)
+    if marker is None:
+        return None
+    if len(marker.args) + len(marker.kwargs) > 1 or set(marker.kwargs) - {"mode"}:
+        raise pytest.UsageError(
+            f"deepcopy_shim: the deepcopy_shim marker takes one mode, got {marker.args!r} "
+            f"{marker.kwargs!r}; use @pytest.mark.deepcopy_shim('warn'|'strict'|'silent')")
+    return str(marker.kwargs.get("mode", marker.args[0] if marker.args else "warn"))
+
+
+def _scope(mode_name: str, how: str, where: str) -> Any:
+    from ._activation import scope
+    from ._modes import Source
 
     try:
-        return enabled(mode_name)
+        return scope(mode_name, Source.PYTEST, how)
     except ValueError as exc:
         raise pytest.UsageError(f"{exc} (in {where})") from None
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(name=_MARKER_FIXTURE)
 def _deepcopy_shim_marker(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Apply ``@pytest.mark.deepcopy_shim(mode)``; does nothing for unmarked tests."""
-    mode_name = _requested_mode(request)
-    if mode_name is None or "deepcopy_shim" in request.fixturenames:
-        yield  # the deepcopy_shim fixture, if requested, opens the scope itself
+    """Apply ``@pytest.mark.deepcopy_shim(mode)`` (added to marked tests at collection)."""
+    mode_name = _marker_mode(request.node)
+    if mode_name is None:  # pragma: no cover - only marked tests request this fixture
+        yield
         return
-    with _scope(mode_name, f"the deepcopy_shim marker of {request.node.nodeid}"):
+    with _scope(mode_name, "@pytest.mark.deepcopy_shim({!r})",
+                f"the deepcopy_shim marker of {request.node.nodeid}"):
         yield
 
 
@@ -154,12 +168,14 @@ def deepcopy_shim_fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     The mode comes from the test's ``deepcopy_shim`` marker, else from indirect
     parametrization (``@pytest.mark.parametrize("deepcopy_shim", ["strict"], indirect=True)``),
-    else ``warn``.  Only this test's thread/task is affected (:class:`deepcopy_shim.enabled`).
+    else ``warn``.  Only this test's thread/task is affected (``deepcopy_shim.enabled``).
     """
-    mode_name = _requested_mode(request)
+    mode_name = _marker_mode(request.node)
+    how = "@pytest.mark.deepcopy_shim({!r})"
     if mode_name is None:
         mode_name = str(getattr(request, "param", "warn"))
+        how = "the deepcopy_shim fixture's mode {!r}"
     import deepcopy_shim
 
-    with _scope(mode_name, f"the deepcopy_shim fixture of {request.node.nodeid}"):
+    with _scope(mode_name, how, f"the deepcopy_shim fixture of {request.node.nodeid}"):
         yield deepcopy_shim

@@ -1,0 +1,144 @@
+"""``python -m deepcopy_shim --check``: what a bug report needs, in a few lines.
+
+Versions and the tested ranges, the start-up hook, ``DEEPCOPY_SHIM`` and what it resolves to,
+the state of the patch in this process, and a live self-test of every mode on a real non-leaf
+tensor.  Exit status 1, with one line saying what, when something is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import site
+import sys
+import warnings
+from typing import List, Optional, Tuple
+
+from . import __version__, _patch
+from ._bootstrap import ENV_VAR, environment_setting
+from ._modes import ModeValueError
+from ._support import TESTED_PYTHON, TESTED_TORCH, minor_of, tested_range_text
+
+__all__ = ["check", "find_startup_hook"]
+
+_HOOK = "deepcopy_shim.pth"
+
+
+def find_startup_hook() -> Optional[str]:
+    """The path of the ``deepcopy_shim.pth`` that this interpreter reads at start-up, or None."""
+    dirs: List[str] = []
+    try:
+        dirs.extend(site.getsitepackages())
+    except AttributeError:  # virtualenv's old site.py
+        pass
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    for directory in dirs:
+        path = os.path.join(directory, _HOOK)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _range_note(version: str, tested: Tuple[Tuple[int, int], Tuple[int, int]]) -> str:
+    minor = minor_of(version)
+    span = tested_range_text(tested)
+    if minor is None:
+        return f"unreadable version; tested: {span}"
+    if minor < tested[0]:
+        return f"OLDER than the tested {span}: not supported"
+    if minor > tested[1]:
+        return f"newer than the tested {span}: untested, the self-test below decides"
+    return f"tested: {span}"
+
+
+def _self_test() -> List[str]:
+    """Problems found copying a real non-leaf tensor in every mode ([] when all is well)."""
+    import copy
+
+    import torch
+
+    from ._activation import enabled
+    from ._warnings import DetachedTensorsWarning, NonLeafTensorError
+
+    problems = []
+    source = torch.ones(2, requires_grad=True) * 3
+    with enabled("off"):
+        try:
+            copy.deepcopy(source)
+            problems.append("torch copies non-leaf tensors itself: the shim is not needed here")
+        except RuntimeError as exc:
+            if "graph leaves" not in str(exc):
+                problems.append(f"torch refuses non-leaf tensors with an unknown message: {exc}")
+    with enabled("silent"):
+        made = copy.deepcopy(source)
+        if not (made.is_leaf and made.requires_grad and torch.equal(made, source)
+                and made.data_ptr() != source.data_ptr()):
+            problems.append("mode silent did not make a detached leaf copy with equal values")
+    with enabled("warn"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        copy.deepcopy(source)
+    if [w.category for w in caught] != [DetachedTensorsWarning]:
+        problems.append(f"mode warn emitted {[w.category.__name__ for w in caught]}, "
+                        "not one DetachedTensorsWarning")
+    with enabled("strict"):
+        try:
+            copy.deepcopy(source)
+            problems.append("mode strict copied a non-leaf tensor instead of refusing it")
+        except NonLeafTensorError as exc:
+            if exc.paths != ("",):
+                problems.append(f"mode strict named {exc.paths!r}, not the copied tensor itself")
+    return problems
+
+
+def check() -> int:
+    """Print the report; return 0 if all is well, else 1 (after one line saying what)."""
+    problems: List[str] = []
+    lines = [f"deepcopy-shim {__version__}"]
+    python = platform.python_version()
+    lines.append(f"  python         {python} ({_range_note(python, TESTED_PYTHON)})  {sys.executable}")
+    try:
+        import wrapt
+
+        lines.append(f"  wrapt          {getattr(wrapt, '__version__', '?')}")
+    except ImportError as exc:
+        problems.append(f"wrapt cannot be imported ({exc}): reinstall deepcopy-shim")
+    hook = find_startup_hook()
+    lines.append(f"  start-up hook  {hook or 'NOT INSTALLED'}")
+    if hook is None:
+        problems.append(f"{_HOOK} is not in this environment's site-packages, so {ENV_VAR} does "
+                        "nothing at start-up: install the package with pip (not by copying files)")
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        lines.append(f"  {ENV_VAR}  unset (off)")
+    else:
+        try:
+            setting = environment_setting(value)
+            lines.append(f"  {ENV_VAR}  {value!r}: {setting.mode.value if setting else 'off'}")
+        except ModeValueError as exc:
+            lines.append(f"  {ENV_VAR}  {value!r}: INVALID")
+            problems.append(str(exc).replace("deepcopy_shim: ", "", 1))
+    try:
+        import torch
+    except Exception as exc:
+        problems.append(f"torch cannot be imported ({type(exc).__name__}: {exc})")
+    else:
+        from ._activation import current_mode
+
+        setting_now = current_mode()
+        lines.append(f"  torch          {torch.__version__} ({_range_note(torch.__version__, TESTED_TORCH)})")
+        lines.append(f"  this process   mode {setting_now or 'off'}; patch {_patch.state()}")
+        if _patch.inert_reason():
+            problems.append(str(_patch.inert_reason()))
+        test = _self_test() if not _patch.inert_reason() else []
+        lines.append(f"  self-test      {'FAILED' if test else 'ok'} (native refusal; silent, warn and "
+                     "strict on a real non-leaf tensor)")
+        problems.extend(test)
+    print("\n".join(lines))
+    if problems:
+        for problem in problems:
+            print(f"  problem: {problem}")
+        print(f"deepcopy_shim --check: {problems[0]}", file=sys.stderr)
+        return 1
+    print("all good; paste this output into bug reports")
+    return 0

@@ -1,0 +1,263 @@
+"""Spelling where an object sits inside the copied object, as Python access a user can paste.
+
+A path is what follows the copied object in an expression: ``head.last_out`` (read as
+``obj.head.last_out``), ``[0].weight`` (``obj[0].weight``), ``cache['mid']``,
+``_forward_hooks[3].func.__self__.outputs['block0']``; ``''`` is the object itself.  Paths are
+found by identity, from an object already located to the next object the copy met, so every
+path resolves to the very object it names.  They contain no memory address, so the same
+object gives the same path on every run.  Where no step of Python access leads from a located
+object to the next one (a set member, a dict key, a value rebuilt by a custom ``__deepcopy__``
+or reduction), the path stops there and says why, once.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import functools
+import keyword
+import math
+import types
+from typing import Any, Dict, Iterator, Optional, Sequence, Set, Tuple
+
+import torch
+
+from ._report import class_name
+
+__all__ = ["Locator", "display"]
+
+_Module = torch.nn.Module
+_Tensor = torch.Tensor
+_BY_POSITION = (torch.nn.Sequential,)  # __getitem__(i) is the i-th member, whatever its name
+_BY_NAME_INDEX = {torch.nn.ModuleList: "_modules", torch.nn.ParameterList: "_parameters"}
+_BY_KEY = {torch.nn.ModuleDict: "_modules", torch.nn.ParameterDict: "_parameters"}
+_MODULE_STORES = ("_parameters", "_buffers", "_modules")
+# Reductions that are nn.Module's or object's own: nothing custom to name as the reason.
+_PLAIN_REDUCTIONS = {
+    "__reduce_ex__": (object.__reduce_ex__,),
+    "__reduce__": (object.__reduce__,),
+    "__getstate__": tuple(
+        f for f in (getattr(object, "__getstate__", None), getattr(_Module, "__getstate__", None)) if f
+    ),
+}
+
+
+def display(path: str) -> str:
+    """The path as shown and returned: without the leading dot of a first attribute step."""
+    return path[1:] if path.startswith(".") else path
+
+
+class Locator:
+    """The paths of the objects met during one copy, relative to its root.
+
+    Every located object is kept alive by this locator, so that its ``id()`` stays its own for
+    as long as the locator can be asked about it.
+    """
+
+    __slots__ = ("_located", "_tables", "_searched")
+
+    def __init__(self, root: Any) -> None:
+        self._located: Dict[int, Tuple[Any, str]] = {id(root): (root, "")}
+        # A parent searched once is scanned member by member, stopping at the child; a parent
+        # searched again gets a table id(member) -> step, so that a parent with thousands of
+        # members (a long Sequential, a dict of tensors) costs one scan in all.
+        self._searched: Set[int] = set()
+        self._tables: Dict[int, Dict[int, _Raw]] = {}
+
+    def knows(self, obj: Any) -> bool:
+        found = self._located.get(id(obj))
+        return found is not None and found[0] is obj
+
+    def locate(self, chain: Sequence[Any]) -> Tuple[str, Optional[str]]:
+        """Locate ``chain[-1]``, met by the copy through ``chain`` (``chain[0]`` is located).
+
+        Returns ``(path, None)`` when it is reachable by Python access, else ``(path of the
+        last object reached, why the rest of the way has no spelling)``.  From each object
+        reached, the step goes to the furthest object of the chain that one step of access
+        reaches: past the tuples and state dicts a reduction makes, and past the ``_modules``
+        dict of a module to the submodule itself (``[0]``, not ``._modules['0']``).
+        """
+        anchor = chain[0]
+        if not self.knows(anchor):
+            return "", "met outside the copied object"
+        path = self._located[id(anchor)][1]
+        last = len(chain) - 1
+        index = 1
+        while index <= last:
+            for ahead in range(last, index - 1, -1):
+                obj = chain[ahead]
+                known = self._located.get(id(obj))
+                if known is not None and known[0] is obj:
+                    reached = known[1]
+                    break
+                raw = self._step(anchor, obj)
+                step = None if raw is None else _spell(anchor, raw)
+                if step is not None:
+                    reached = path + step
+                    self._located[id(obj)] = (obj, reached)
+                    break
+            else:
+                return path, _why(anchor, chain[index])
+            anchor, path, index = chain[ahead], reached, ahead + 1
+        return path, None
+
+    def _step(self, parent: Any, child: Any) -> Optional[_Raw]:
+        key = id(parent)
+        table = self._tables.get(key)
+        if table is None:
+            if key not in self._searched:
+                self._searched.add(key)
+                # Attributes from the last: a cached activation is usually set after __init__.
+                state = _instance_dict(parent)
+                if state is not None:
+                    for name, value in reversed(state.items()):
+                        if value is child:
+                            return (_ATTR, name)
+                for member, raw in _members(parent, with_attributes=False):
+                    if member is child:
+                        return raw
+                return None
+            table = {}
+            for member, raw in _members(parent):
+                table.setdefault(id(member), raw)
+            self._tables[key] = table
+        return table.get(id(child))
+
+
+# A step before it is spelled: (kind, name or key or index[, store, position]).  Spelling every
+# member of every parent searched would cost more than the search; only steps taken are spelled.
+_Raw = Tuple[Any, ...]
+_ATTR, _ITEM, _INDEX, _MEMBER = range(4)
+
+
+def _instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
+    # object.__getattribute__, not getattr: a proxy's or module's __getattr__ must not run.
+    try:
+        state = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _members(obj: Any, with_attributes: bool = True) -> Iterator[Tuple[Any, _Raw]]:
+    """Every object one step of Python access away from ``obj``, with that step (raw)."""
+    state = _instance_dict(obj)
+    if with_attributes and state is not None:
+        for name, value in state.items():
+            yield value, (_ATTR, name)
+    if isinstance(obj, _Module):
+        for store in _MODULE_STORES:
+            members = state.get(store) if state is not None else None
+            if isinstance(members, dict):
+                for position, (name, member) in enumerate(members.items()):
+                    yield member, (_MEMBER, name, store, position)
+    elif isinstance(obj, _Tensor):
+        # .grad of a non-leaf is only read when retained, which also keeps torch from warning.
+        if obj.is_leaf or obj.retains_grad:
+            grad = obj.grad
+            if grad is not None:
+                yield grad, (_ATTR, "grad")
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield value, (_ITEM, key)
+    elif isinstance(obj, tuple) and isinstance(fields := getattr(type(obj), "_fields", None), tuple):
+        for name, value in zip(fields, obj):  # a namedtuple's fields
+            yield value, (_ATTR, name)
+    elif isinstance(obj, (list, tuple)):
+        for index, value in enumerate(obj):
+            yield value, (_INDEX, index)
+    elif isinstance(obj, types.MethodType):
+        yield obj.__self__, (_ATTR, "__self__")
+        yield obj.__func__, (_ATTR, "__func__")
+    elif isinstance(obj, functools.partial):
+        yield obj.func, (_ATTR, "func")
+        yield obj.args, (_ATTR, "args")
+        yield obj.keywords, (_ATTR, "keywords")
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot in ("__dict__", "__weakref__"):
+                continue
+            if slot.startswith("__") and not slot.endswith("__"):  # private: name-mangled
+                slot = f"_{klass.__name__.lstrip('_')}{slot}"
+            descriptor = klass.__dict__.get(slot)
+            if descriptor is None:
+                continue
+            try:
+                value = descriptor.__get__(obj, klass)
+            except AttributeError:  # an empty slot
+                continue
+            yield value, (_ATTR, slot)
+
+
+def _spell(parent: Any, raw: _Raw) -> Optional[str]:
+    """The step as Python source, or None when it has none (a key without a literal)."""
+    kind = raw[0]
+    if kind == _ATTR:
+        return _attribute_step(raw[1])
+    if kind == _ITEM:
+        return f"[{raw[1]!r}]" if _has_literal(raw[1]) else None
+    if kind == _INDEX:
+        return f"[{raw[1]}]"
+    _, name, store, position = raw
+    if store == "_modules" and isinstance(parent, _BY_POSITION):
+        return f"[{position}]"
+    if any(isinstance(parent, c) and s == store for c, s in _BY_NAME_INDEX.items()) and (
+            isinstance(name, str) and name.isdigit()):
+        return f"[{int(name)}]"
+    if any(isinstance(parent, c) and s == store for c, s in _BY_KEY.items()):
+        return f"[{name!r}]"
+    if _is_identifier(name) and not _shadowed(type(parent), name):
+        return f".{name}"
+    return f".{store}[{name!r}]"
+
+
+def _is_identifier(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+def _shadowed(cls: type, name: str) -> bool:
+    # A class attribute (a property, a method) of that name wins over nn.Module.__getattr__.
+    return any(name in klass.__dict__ for klass in cls.__mro__)
+
+
+def _attribute_step(name: Any) -> str:
+    if _is_identifier(name):
+        return f".{name}"
+    return f".__dict__[{name!r}]"
+
+
+def _has_literal(key: Any) -> bool:
+    """True if ``repr(key)`` is a literal that evaluates to an equal key."""
+    kind = type(key)
+    if kind in (str, int, bool, bytes, type(None)):
+        return True
+    if kind is float:
+        return math.isfinite(key)
+    if kind is tuple:
+        return all(_has_literal(item) for item in key)
+    return False
+
+
+def _why(anchor: Any, unreached: Any) -> str:
+    """Why no Python access leads from ``anchor`` to ``unreached``, the next object the copy met."""
+    kind = type(anchor)
+    name = class_name(kind)
+    if isinstance(anchor, (set, frozenset)):
+        return f"a member of this {name} (sets have no index)"
+    if isinstance(anchor, dict):
+        for key, value in anchor.items():
+            if key is unreached:
+                return f"a key of this {name}"
+            if value is unreached:
+                return f"under a key of this {name} that has no literal spelling ({class_name(type(key))})"
+    custom = getattr(kind, "__deepcopy__", None)
+    if custom is not None:
+        return f"copied by {name}.__deepcopy__"
+    if kind in copyreg.dispatch_table:
+        return f"rebuilt by the copyreg reducer for {name}"
+    for method, plain in _PLAIN_REDUCTIONS.items():
+        found = getattr(kind, method, None)
+        if found is not None and found not in plain and not isinstance(anchor, (list, dict, tuple)):
+            return f"rebuilt from what {name}.{method} returns"
+    return f"not reachable by attribute or item access from this {name}"
+

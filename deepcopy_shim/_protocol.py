@@ -1,0 +1,107 @@
+"""What deepcopy_shim relies on in the standard library's ``copy`` module, in one place.
+
+Every other module asks this one about ``copy.deepcopy``'s protocol: which types it returns
+unchanged, how it uses a memo, which frames are its own and what their locals are called, and
+how it keeps temporaries alive.  Where the running Python's ``copy`` module differs from what is
+written here, the import-time checks below fail loudly instead of letting a report go wrong.
+"""
+
+from __future__ import annotations
+
+import copy
+import copyreg
+from typing import Any, Callable, Dict, Optional
+
+__all__ = [
+    "ATOMIC_TYPES",
+    "COPY_FRAMES",
+    "DEEPCOPY",
+    "DEEPCOPY_CODE",
+    "DISPATCH",
+    "KEEP_ALIVE_CALLS_APPEND",
+    "MEMO_LOCAL",
+    "NIL",
+    "X_LOCAL",
+    "keep_alive",
+    "own_get",
+    "own_set",
+    "reconstruct",
+    "reduce_for_copy",
+]
+
+DEEPCOPY = copy.deepcopy
+DEEPCOPY_CODE = copy.deepcopy.__code__
+DISPATCH: Dict[type, Any] = copy._deepcopy_dispatch  # type: ignore[attr-defined]
+reconstruct: Callable[..., Any] = copy._reconstruct  # type: ignore[attr-defined]
+
+# The names of deepcopy's first two parameters, read from its frames to learn which object a
+# frame copies and with which memo.  Every CPython from 3.9 to 3.14 calls them `x` and `memo`.
+X_LOCAL, MEMO_LOCAL = DEEPCOPY_CODE.co_varnames[:2]
+assert (X_LOCAL, MEMO_LOCAL) == ("x", "memo"), (
+    f"deepcopy_shim: copy.deepcopy's parameters are {DEEPCOPY_CODE.co_varnames[:2]!r}, not "
+    "('x', 'memo'); this Python's copy module is not one deepcopy_shim knows"
+)
+
+# Frames that copy one object each, and the local holding that object: deepcopy's own, and the
+# shortcuts the shim's module copier takes instead of deepcopy (it registers them), so that a
+# record of the copy sees every object the copy went through.  Keyed by id() of the code
+# object (they live as long as their functions): hashing a code object costs twice as much,
+# and a record looks up every frame between a tensor and the copy's root.
+COPY_FRAMES: Dict[int, str] = {id(DEEPCOPY_CODE): X_LOCAL}
+
+# deepcopy ends every copy it makes (of an object that is not its own copy) with
+# `_keep_alive(x, memo)`, which does `memo[id(memo)].append(x)`.  The report of a copy is made
+# when that call is made for the copied object itself; if this Python's deepcopy does not do
+# it, reports are made tensor by tensor instead (see _record).
+_KEEP_ALIVE = getattr(copy, "_keep_alive", None)
+KEEP_ALIVE_CALLS_APPEND = (
+    "_keep_alive" in DEEPCOPY_CODE.co_names
+    and _KEEP_ALIVE is not None
+    and "append" in _KEEP_ALIVE.__code__.co_names
+)
+
+# deepcopy returns these unchanged and never memoises them.
+ATOMIC_TYPES = frozenset((type(None), bool, int, float, complex, str, bytes))
+
+# A sentinel no memo value can be, as deepcopy's own `_nil`.
+NIL: Any = []
+
+
+def keep_alive(obj: Any, memo: Any) -> None:
+    """Keep ``obj`` alive as long as ``memo``, exactly as ``copy._keep_alive`` does.
+
+    The memo is keyed by ``id()``: a temporary memoised and then freed would let a later object
+    reuse its id and receive the wrong copy (seen as "can't assign Variable as its own grad").
+    """
+    try:
+        memo[id(memo)].append(obj)
+    except KeyError:
+        memo[id(memo)] = [obj]
+
+
+def own_get(memo: Any, key: Any) -> Any:
+    """Read the shim's own entry from ``memo`` without calling a subclass's ``get``.
+
+    Memo subclasses exist that treat every key passed to ``get`` as an object id (pyro's
+    ``detach``/``deep_to``): the shim's bookkeeping must not go through their methods.
+    """
+    if isinstance(memo, dict):
+        return dict.get(memo, key)
+    return memo.get(key)
+
+
+def own_set(memo: Any, key: Any, value: Any) -> None:
+    """Write the shim's own entry into ``memo`` without calling a subclass's ``__setitem__``."""
+    if isinstance(memo, dict):
+        dict.__setitem__(memo, key, value)
+    else:
+        memo[key] = value
+
+
+def reduce_for_copy(obj: Any) -> Any:
+    """``obj`` reduced exactly as ``copy.deepcopy`` reduces it: ``copyreg.dispatch_table`` first,
+    then ``__reduce_ex__(4)``.  Returns a string or a tuple, as the reduction protocol does."""
+    reductor: Optional[Callable[[Any], Any]] = copyreg.dispatch_table.get(type(obj))
+    if reductor is not None:
+        return reductor(obj)
+    return obj.__reduce_ex__(4)

@@ -1,0 +1,189 @@
+"""The command line: run a program with the shim on, or check the installation.
+
+``python -m deepcopy_shim`` and the ``deepcopy-shim`` console script both call :func:`main`.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from typing import List, NamedTuple, Optional, Sequence
+
+from ._bootstrap import ENV_VAR, environment_setting
+from ._modes import Mode, ModeSetting, ModeValueError, Source, parse_mode, valid_values
+
+__all__ = ["HELP", "main", "run"]
+
+HELP = f"""\
+usage: python -m deepcopy_shim [--mode MODE] script.py [args ...]
+       python -m deepcopy_shim [--mode MODE] -m package.module [args ...]
+       python -m deepcopy_shim --check | --version | --help
+       (deepcopy-shim is the same command)
+
+Run a Python program with deepcopy-shim enabled, without changing a line of it: copy.deepcopy
+(and everything built on it: AveragedModel, nn.Transformer, EMA callbacks, quantization with
+inplace=False) copies tensors with autograd history as detached leaves instead of raising
+"Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol".
+
+The program runs as __main__ and sees exactly its own sys.argv (script.py or the module's file,
+then its arguments); its exit code and exceptions pass through unchanged.  torch is not imported
+by the runner: the patch is applied when the program imports torch.
+
+options (only before the script or -m; everything after belongs to the program):
+  --mode MODE     warn (default), strict or silent:
+                    warn    copy them detached; one DetachedTensorsWarning per copy
+                    strict  refuse the copy with NonLeafTensorError, naming every such tensor
+                    silent  copy them detached without a word
+                  also 1/true/on/yes (warn) and 0/false/off/no (run with the shim off).
+                  Without --mode, a mode named by {ENV_VAR} is kept; otherwise warn.
+  -m MODULE       run a module as `python -m MODULE` would (the rest are its arguments)
+  --              end of runner options (for a script whose name starts with '-')
+  --check         print versions, installation and a live self-test, for bug reports;
+                  exit status 1 if something is wrong
+  --version       print the version and exit
+  -h, --help      show this help and exit
+
+child processes: the runner sets {ENV_VAR}=MODE in the environment, so every Python child of the
+program (multiprocessing with spawn or forkserver, DataLoader workers, torchrun ranks,
+subprocess) is activated at start-up as well, through the deepcopy_shim.pth file installed with
+the package.  The same variable works without the runner:
+  {ENV_VAR}=warn python train.py
+
+precedence: code in the program wins (deepcopy_shim.enable()/disable()/enabled() override the
+runner and the environment).  See docs/activation.md.
+"""
+
+_USAGE = ("usage: python -m deepcopy_shim [--mode MODE] (script.py | -m package.module) [args ...]; "
+          "see --help")
+
+
+_ACTIONS = {"-h": "help", "--help": "help", "--check": "check", "--version": "version"}
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Command(NamedTuple):
+    action: str  # "run", "check", "version" or "help"
+    mode: Optional[str]  # --mode as written, None if not given
+    is_module: bool
+    target: str
+    args: List[str]
+
+
+def _parse(argv: Sequence[str]) -> _Command:
+    """Split ``argv`` into a command; raises _UsageError."""
+    mode: Optional[str] = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _ACTIONS:
+            return _Command(_ACTIONS[arg], mode, False, "", [])
+        if arg == "--mode" or arg.startswith("--mode="):
+            if arg == "--mode":
+                if i + 1 >= len(argv):
+                    raise _UsageError("--mode needs a value: warn, strict or silent")
+                mode = argv[i + 1]
+                i += 2
+            else:
+                mode = arg.split("=", 1)[1]
+                i += 1
+            continue
+        if arg == "-m":
+            if i + 1 >= len(argv):
+                raise _UsageError("-m needs a module name")
+            return _Command("run", mode, True, argv[i + 1], list(argv[i + 2:]))
+        if arg.startswith("-m") and len(arg) > 2:  # `-mpkg.mod`, as python itself accepts
+            return _Command("run", mode, True, arg[2:], list(argv[i + 1:]))
+        if arg == "--":
+            i += 1
+            if i >= len(argv):
+                break
+            return _Command("run", mode, False, argv[i], list(argv[i + 1:]))
+        if arg.startswith("-") and arg != "-":
+            raise _UsageError(f"unknown option {arg!r} (runner options go before the script)")
+        return _Command("run", mode, False, arg, list(argv[i + 1:]))
+    raise _UsageError("no program given: pass script.py or -m package.module")
+
+
+def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
+    """The setting to run with: --mode, else a mode named by DEEPCOPY_SHIM, else warn.
+
+    Raises _UsageError for a bad --mode, and for a bad DEEPCOPY_SHIM without --mode (the
+    runner cannot guess what was meant, and must not run in a mode it was not asked for).
+    """
+    if explicit is not None:
+        try:
+            mode = parse_mode(explicit, "--mode value")
+        except ModeValueError as exc:
+            raise _UsageError(str(exc).replace("deepcopy_shim: ", "", 1)) from None
+        return None if mode is None else ModeSetting(mode, Source.RUNNER, "--mode {}")
+    value = os.environ.get(ENV_VAR, "")
+    try:
+        from_environment = environment_setting(value)
+    except ModeValueError:
+        raise _UsageError(
+            f"invalid {ENV_VAR}={value!r} (valid: {valid_values()}); fix or unset it, or "
+            "pass --mode MODE, which overrides it"
+        ) from None
+    # An off value in the environment does not stop the runner: running it is the request.
+    return from_environment or ModeSetting(Mode.WARN, Source.RUNNER, "--mode {}")
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    """Do what the command line says; return the exit status for the runner's own actions.
+
+    For ``--help``, ``--version`` and ``--check`` the status is the command's; for a usage
+    error, 2 (with the reason on stderr).  When a program runs, its ``SystemExit`` and every
+    other exception it raises propagate unchanged, and 0 is returned when it returns.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        command = _parse(args)
+        if command.action == "help":
+            sys.stdout.write(HELP)
+            return 0
+        if command.action == "version":
+            from . import __version__
+
+            sys.stdout.write(f"deepcopy-shim {__version__}\n")
+            return 0
+        if command.action == "check":
+            from ._doctor import check
+
+            return check()
+        setting = _choose_setting(command.mode)
+        if not command.is_module and not os.path.exists(command.target):
+            raise _UsageError(f"can't open file {command.target!r}: no such file")
+    except _UsageError as exc:
+        sys.stderr.write(f"deepcopy_shim: {exc}\n{_USAGE}\n")
+        return 2
+
+    # The environment first, so that children started at any point inherit the activation;
+    # then this process, in case the start-up hook did not run (variable unset, `python -S`).
+    os.environ[ENV_VAR] = setting.mode.value if setting is not None else "off"
+    from ._activation import set_global
+
+    set_global(setting)
+
+    if command.is_module:
+        # As `python -m`: the current directory first on sys.path (a console script would
+        # otherwise have its bin/ directory there).
+        sys.path[0] = os.getcwd()
+        sys.argv = [command.target, *command.args]  # run_module replaces argv[0] with the path
+        runpy.run_module(command.target, run_name="__main__", alter_sys=True)
+    else:
+        # As `python script.py`: the script's directory first on sys.path.
+        sys.path[0] = os.path.dirname(os.path.abspath(command.target))
+        sys.argv = [command.target, *command.args]
+        runpy.run_path(command.target, run_name="__main__")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point of ``python -m deepcopy_shim`` and ``deepcopy-shim``: exits with :func:`run`'s status."""
+    status = run(argv)
+    if status:
+        raise SystemExit(status)

@@ -1,0 +1,90 @@
+"""Helpers for the tests that start child interpreters (subprocesses, clean environments, a model to copy)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Union
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A model whose last forward ran with grad enabled: its cached activations are non-leaf tensors,
+# so a native copy.deepcopy raises the 'graph leaves' error.  Pasted into child programs.
+CHILD_NET_SRC = textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+
+    class ChildNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 8)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            hidden = self.fc(x)
+            self.last_hidden = hidden.relu()
+            return self.head(hidden)
+
+    def make_child_net(seed=0):
+        torch.manual_seed(seed)
+        net = ChildNet()
+        net(torch.randn(3, 4))
+        assert not net.last_hidden.is_leaf
+        return net
+    """
+)
+
+# Reports, without importing anything, what the start-up hook did in this interpreter.
+PROBE_SRC = textwrap.dedent(
+    """
+    import sys
+    modes = sys.modules.get("deepcopy_shim._modes")
+    mode = modes.global_mode() if modes is not None else None
+    print("mode=%s torch=%s shim=%s wrapt=%s" % (
+        mode.value if mode is not None else None, "torch" in sys.modules,
+        "deepcopy_shim" in sys.modules, "wrapt" in sys.modules))
+    """
+)
+
+
+def clean_env(value: Optional[str] = None, **extra: str) -> Dict[str, str]:
+    """The test process's environment without any activation, plus DEEPCOPY_SHIM=value if given.
+
+    PYTHONPATH is dropped so that a child sees only its own environment's packages.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DEEPCOPY_SHIM", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONNOUSERSITE")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if value is not None:
+        env["DEEPCOPY_SHIM"] = value
+    env.update(extra)
+    return env
+
+
+def run(args: Sequence[Union[str, Path]], env: Dict[str, str], cwd: Optional[Path] = None,
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_code(python: Union[str, Path], code: str, env: Dict[str, str],
+             cwd: Optional[Path] = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return run([python, "-c", code], env=env, cwd=cwd, timeout=timeout)
+
+
+def stderr_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """stderr lines, less torch's own notice about numpy being absent (not ours to judge)."""
+    return [line for line in proc.stderr.splitlines()
+            if line.strip() and "Failed to initialize NumPy" not in line
+            and "_conversion_method_template" not in line]
+
+
+def describe(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"rc={proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+DEV_PYTHON = sys.executable
