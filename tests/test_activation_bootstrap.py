@@ -12,24 +12,25 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from activation_support import DEV_PYTHON, REPO, clean_env, describe, run_code
+from support.processes import DEV_PYTHON, REPO, clean_env, describe, run_code
 
 import deepcopy_shim
-from deepcopy_shim import Mode, _activation, _bootstrap, _modes
-from deepcopy_shim._bootstrap import (
-    OFF_VALUES,
-    ON_VALUES,
-    activate_from_environment,
-    parse_env_value,
-    report_failure,
-)
+from deepcopy_shim import Mode, Source, _activation, _bootstrap, _modes
+from deepcopy_shim._bootstrap import activate_from_environment, environment_setting
+from deepcopy_shim._modes import OFF_WORDS, ON_WORDS
+from deepcopy_shim._warnings import print_notice
+
+
+def parse_env_value(value: str) -> Optional[Mode]:
+    setting = environment_setting(value)
+    return None if setting is None else setting.mode
 
 PTH = REPO / "deepcopy_shim" / "deepcopy_shim.pth"
 
 
 @pytest.mark.parametrize(("value", "expected"), [
-    *[(v, Mode.WARN) for v in ON_VALUES],
-    *[(v, None) for v in OFF_VALUES],
+    *[(v, Mode.WARN) for v in ON_WORDS],
+    *[(v, None) for v in OFF_WORDS],
     *[(m.value, m) for m in Mode],  # every mode name, from the enum itself
     ("WaRn", Mode.WARN), ("  STRICT \n", Mode.STRICT), ("\tSilent", Mode.SILENT),
     ("TRUE", Mode.WARN), (" Yes ", Mode.WARN), ("ON", Mode.WARN),
@@ -44,15 +45,17 @@ def test_bad_values_name_value_and_valid_ones(bad: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_env_value(bad)
     message = str(info.value)
-    assert message.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM={bad!r}; valid values are ")
+    assert message.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM value {bad!r}; valid values are ")
     for word in ("warn", "strict", "silent", "1, true, on, yes", "0, false, off, no"):
         assert word in message
-    assert "unset DEEPCOPY_SHIM" in message  # the way out
 
 
 def test_activate_enables_in_the_named_mode() -> None:
     assert activate_from_environment({"DEEPCOPY_SHIM": " Strict "}) is Mode.STRICT
-    assert _modes.global_mode() is Mode.STRICT and deepcopy_shim.is_enabled()
+    setting = deepcopy_shim.current_mode()
+    assert setting is not None and deepcopy_shim.is_enabled()
+    assert (setting.mode, setting.source, setting.spelled()) == (
+        Mode.STRICT, Source.ENVIRONMENT, "DEEPCOPY_SHIM=strict")
 
 
 def test_activate_off_and_unset_change_nothing() -> None:
@@ -64,7 +67,7 @@ def test_activate_off_and_unset_change_nothing() -> None:
 def test_explicit_code_wins_after_activation() -> None:
     activate_from_environment({"DEEPCOPY_SHIM": "warn"})
     deepcopy_shim.enable("silent")
-    assert _modes.global_mode() is Mode.SILENT
+    assert _modes.global_setting() == (Mode.SILENT, Source.CODE, "deepcopy_shim.enable({!r})")
     deepcopy_shim.disable()
     assert not deepcopy_shim.is_enabled()
 
@@ -73,30 +76,31 @@ def test_bad_value_reports_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert activate_from_environment({"DEEPCOPY_SHIM": "loud\ner"}) is None
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.count("\n") == 1 and err.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM=")
+    assert err.count("\n") == 1 and err.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM value ")
+    assert err.endswith("; start-up activation by DEEPCOPY_SHIM skipped\n")
     assert not deepcopy_shim.is_enabled()
 
 
 def test_failure_to_enable_reports_one_line(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    def broken(mode: object = "warn") -> None:
-        raise RuntimeError("torch.nn.Module already\ndefines __deepcopy__")
+    def broken(setting: object) -> None:
+        raise RuntimeError("deepcopy_shim: torch.nn.Module already\ndefines __deepcopy__")
 
-    monkeypatch.setattr(_activation, "enable", broken)
+    monkeypatch.setattr(_activation, "set_global", broken)
     assert activate_from_environment({"DEEPCOPY_SHIM": "warn"}) is None
     err = capsys.readouterr().err
-    assert err == ("deepcopy_shim: DEEPCOPY_SHIM activation failed (RuntimeError: torch.nn.Module "
-                   "already defines __deepcopy__); the shim stays off (unset DEEPCOPY_SHIM to "
-                   "silence this)\n")
+    # decided by the exception's type, not by its words: this one is a failure, not a bad value
+    assert err == ("deepcopy_shim: start-up activation by DEEPCOPY_SHIM failed (RuntimeError: "
+                   "deepcopy_shim: torch.nn.Module already defines __deepcopy__); the shim stays off\n")
 
 
-def test_report_failure_survives_missing_or_closed_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_print_notice_survives_missing_or_closed_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stderr", None)
-    report_failure("deepcopy_shim: x")
+    print_notice("deepcopy_shim: x")
     closed = io.StringIO()
     closed.close()
     monkeypatch.setattr(sys, "stderr", closed)
-    report_failure("deepcopy_shim: x")
+    print_notice("deepcopy_shim: x")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,13 +161,13 @@ def test_pth_gate_uses_the_same_off_values() -> None:
     # they must stay those of _bootstrap.
     match = re.search(r"\.strip\(\)\.lower\(\) not in (\([^)]*\))", PTH.read_text())
     assert match is not None
-    assert ast.literal_eval(match.group(1)) == OFF_VALUES
+    assert set(ast.literal_eval(match.group(1))) == set(OFF_WORDS)
 
 
 def test_bootstrap_shares_the_mode_vocabulary() -> None:
     assert {m.value for m in Mode} <= {"warn", "strict", "silent"}
-    assert not set(ON_VALUES) & set(OFF_VALUES)
-    assert not {m.value for m in Mode} & (set(ON_VALUES) | set(OFF_VALUES))
+    assert not set(ON_WORDS) & set(OFF_WORDS)
+    assert not {m.value for m in Mode} & (set(ON_WORDS) | set(OFF_WORDS))
     assert _bootstrap.ENV_VAR == "DEEPCOPY_SHIM"
 
 

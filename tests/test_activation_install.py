@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from activation_support import (
-    CACHING_NET_SRC,
+from support.processes import (
+    CHILD_NET_SRC,
     DEV_PYTHON,
     PROBE_SRC,
     REPO,
@@ -34,7 +34,7 @@ from activation_support import (
     run_code,
 )
 
-from deepcopy_shim._bootstrap import OFF_VALUES, ON_VALUES
+from deepcopy_shim._modes import OFF_WORDS, ON_WORDS
 
 PTH_NAME = "deepcopy_shim.pth"
 
@@ -167,10 +167,10 @@ def test_unset_imports_nothing(venv: Venv) -> None:
 
 
 VOCABULARY = (
-    [(v, "warn") for v in [*ON_VALUES, "warn", "TRUE", " On ", "Yes\n", "WARN"]]
+    [(v, "warn") for v in [*ON_WORDS, "warn", "TRUE", " On ", "Yes\n", "WARN"]]
     + [(v, "strict") for v in ["strict", "STRICT", "  strict\t"]]
     + [(v, "silent") for v in ["silent", "Silent"]]
-    + [(v, None) for v in [*OFF_VALUES, "FALSE", " off ", "No", "   "]]
+    + [(v, None) for v in [*OFF_WORDS, "FALSE", " off ", "No", "   "]]
 )
 
 
@@ -191,8 +191,8 @@ def test_bad_value_one_line_and_program_runs(venv: Venv, bad: str) -> None:
     assert proc.stdout.splitlines()[-1] == "program ran"
     assert proc.stdout.startswith("mode=None torch=False"), describe(proc)
     (line,) = proc.stderr.splitlines()  # exactly one line, even though venvs process .pth twice
-    assert line.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM={bad!r}"), line
-    assert "warn, strict, silent" in line and "unset DEEPCOPY_SHIM" in line
+    assert line.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM value {bad!r}"), line
+    assert "warn, strict, silent" in line and line.endswith("start-up activation by DEEPCOPY_SHIM skipped")
 
 
 def test_broken_package_never_breaks_startup(venv: Venv, tmp_path: Path) -> None:
@@ -213,10 +213,10 @@ LAZY_SRC = PROBE_SRC + textwrap.dedent(
     from deepcopy_shim import _patch
     print("installed before import torch:", _patch.is_installed())
     """
-) + CACHING_NET_SRC + textwrap.dedent(
+) + CHILD_NET_SRC + textwrap.dedent(
     """
     print("installed after import torch:", _patch.is_installed())
-    net = make_net()
+    net = make_child_net()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         twin = copy.deepcopy(net)
@@ -239,11 +239,11 @@ def test_patch_is_applied_when_the_program_imports_torch(venv: Venv, value: str)
 
 
 def test_strict_from_environment_refuses(venv: Venv) -> None:
-    code = CACHING_NET_SRC + textwrap.dedent(
+    code = CHILD_NET_SRC + textwrap.dedent(
         """
         import copy, deepcopy_shim
         try:
-            copy.deepcopy(make_net())
+            copy.deepcopy(make_child_net())
         except deepcopy_shim.NonLeafTensorError as exc:
             print("refused:", exc.paths)
         """
@@ -253,11 +253,11 @@ def test_strict_from_environment_refuses(venv: Venv) -> None:
 
 
 def test_without_the_variable_torch_still_refuses(venv: Venv) -> None:
-    code = CACHING_NET_SRC + textwrap.dedent(
+    code = CHILD_NET_SRC + textwrap.dedent(
         """
         import copy
         try:
-            copy.deepcopy(make_net())
+            copy.deepcopy(make_child_net())
         except RuntimeError as exc:
             print("graph leaves" in str(exc))
         """
@@ -267,16 +267,16 @@ def test_without_the_variable_torch_still_refuses(venv: Venv) -> None:
 
 
 def test_explicit_code_wins_over_environment(venv: Venv) -> None:
-    code = CACHING_NET_SRC + textwrap.dedent(
+    code = CHILD_NET_SRC + textwrap.dedent(
         """
         import copy, deepcopy_shim
         deepcopy_shim.disable()
         try:
-            copy.deepcopy(make_net())
+            copy.deepcopy(make_child_net())
         except RuntimeError as exc:
             print("native again:", "graph leaves" in str(exc))
         deepcopy_shim.enable("silent")
-        print("mode:", deepcopy_shim._modes.global_mode().value)
+        print("mode:", deepcopy_shim.current_mode().mode.value)
         """
     )
     proc = probe(venv, "strict", code)
@@ -304,29 +304,30 @@ def test_pytest_plugin_header(venv: Venv, tmp_path: Path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\ndeepcopy_shim = strict\n")
     (tmp_path / "test_one.py").write_text(
         "import deepcopy_shim\n"
-        "def test_on():\n    assert deepcopy_shim._modes.current_mode().value == 'strict'\n")
+        "def test_on():\n    assert deepcopy_shim.current_mode().mode.value == 'strict'\n")
     proc = run([venv.python, "-m", "pytest", "-p", "no:cacheprovider"], clean_env(), cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
-    assert "deepcopy_shim: active, mode=strict (from ini deepcopy_shim)" in proc.stdout
+    assert ("deepcopy_shim: active, mode strict (from `deepcopy_shim = strict` in the pytest ini file)"
+            in proc.stdout)
 
 
 # ---------------------------------------------------------------------------------------------
 # Child interpreters: multiprocessing spawn, DataLoader workers, torchrun ranks
 
-SPAWN_SRC = CACHING_NET_SRC + textwrap.dedent(
+SPAWN_SRC = CHILD_NET_SRC + textwrap.dedent(
     """
     import copy, multiprocessing as mp, os, sys
 
     def child(_):
         # A fresh interpreter: activated only by DEEPCOPY_SHIM through the .pth hook.
-        twin = copy.deepcopy(make_net())
+        twin = copy.deepcopy(make_child_net())
         return os.getpid(), twin.last_hidden.is_leaf
 
     class Copies(torch.utils.data.Dataset):
         def __len__(self):
             return 4
         def __getitem__(self, i):
-            twin = copy.deepcopy(make_net(i))
+            twin = copy.deepcopy(make_child_net(i))
             return torch.tensor([os.getpid(), int(twin.last_hidden.is_leaf)])
 
     if __name__ == "__main__":
@@ -364,7 +365,7 @@ def test_spawn_children_of_the_runner_inherit(editable_venv: Venv, tmp_path: Pat
     assert proc.stdout.splitlines() == ["forkserver ok"]
 
 
-DDP_SRC = CACHING_NET_SRC + textwrap.dedent(
+DDP_SRC = CHILD_NET_SRC + textwrap.dedent(
     """
     import copy, hashlib, json, os, sys
     import torch.distributed as dist
@@ -373,7 +374,7 @@ DDP_SRC = CACHING_NET_SRC + textwrap.dedent(
     assert "deepcopy_shim" in sys.modules  # activated by DEEPCOPY_SHIM, never imported here
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model = DDP(make_net(seed=0))
+    model = DDP(make_child_net(seed=0))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.manual_seed(100 + rank)  # each rank its own batch; DDP averages the gradients
     loss = model(torch.randn(5, 4)).square().mean()

@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Optional
 
-from activation_support import CACHING_NET_SRC, DEV_PYTHON, PROBE_SRC, clean_env, describe, run
+from support.processes import CHILD_NET_SRC, DEV_PYTHON, PROBE_SRC, clean_env, describe, run
 
 SESSION_TESTS = textwrap.dedent(
     """
@@ -16,8 +16,8 @@ SESSION_TESTS = textwrap.dedent(
 
     def state():
         modes = sys.modules.get("deepcopy_shim._modes")
-        mode = modes.current_mode() if modes is not None else None
-        return mode.value if mode is not None else None
+        setting = modes.current_setting() if modes is not None else None
+        return setting.mode.value if setting is not None else None
 
     def test_session_state():
         installed = "deepcopy_shim._patch" in sys.modules and sys.modules[
@@ -60,28 +60,30 @@ def test_inert_by_default(tmp_path: Path) -> None:
 def test_command_line_option(tmp_path: Path) -> None:
     proc = pytest_run(tmp_path, "--deepcopy-shim=Strict")
     assert proc.returncode == 0, describe(proc)
-    assert "deepcopy_shim: active, mode=strict (from --deepcopy-shim)" in proc.stdout.splitlines()
+    assert ("deepcopy_shim: active, mode strict (from pytest --deepcopy-shim=strict)"
+            in proc.stdout.splitlines())
     assert grep(proc, "STATE") == "STATE strict strict True False"  # torch left alone
     assert grep(proc, "CHILD") == "CHILD mode=strict torch=False shim=True wrapt=True"
 
 
 def test_ini_and_command_line_precedence(tmp_path: Path) -> None:
     proc = pytest_run(tmp_path, ini="deepcopy_shim = silent\n")
-    assert "deepcopy_shim: active, mode=silent (from ini deepcopy_shim)" in proc.stdout
+    assert ("deepcopy_shim: active, mode silent (from `deepcopy_shim = silent` in the pytest ini file)"
+            in proc.stdout)
     assert grep(proc, "STATE") == "STATE silent silent True False"
     proc = pytest_run(tmp_path, "--deepcopy-shim", "warn", ini="deepcopy_shim = silent\n")
-    assert "deepcopy_shim: active, mode=warn (from --deepcopy-shim)" in proc.stdout
+    assert "deepcopy_shim: active, mode warn (from pytest --deepcopy-shim=warn)" in proc.stdout
     assert grep(proc, "STATE") == "STATE warn warn True False"
 
 
 def test_off_value_overrides_environment(tmp_path: Path) -> None:
     proc = pytest_run(tmp_path, env_value="strict")
-    assert "deepcopy_shim: active, mode=strict (from DEEPCOPY_SHIM)" in proc.stdout
+    assert "deepcopy_shim: active, mode strict (from DEEPCOPY_SHIM=strict)" in proc.stdout
     assert "PytestAssertRewriteWarning" not in proc.stdout + proc.stderr
     assert grep(proc, "STATE").startswith("STATE strict strict")
     proc = pytest_run(tmp_path, "--deepcopy-shim=off", env_value="strict")
-    assert "deepcopy_shim: off (from --deepcopy-shim)" in proc.stdout
-    assert grep(proc, "STATE").startswith("STATE None None")
+    assert "deepcopy_shim: off (from --deepcopy-shim or the ini key)" in proc.stdout
+    assert grep(proc, "STATE").startswith("STATE None off")  # children are told: off
     assert grep(proc, "CHILD") == "CHILD mode=None torch=False shim=False wrapt=False"
 
 
@@ -91,29 +93,29 @@ def test_bad_value_is_a_usage_error(tmp_path: Path) -> None:
     assert ("deepcopy_shim: invalid --deepcopy-shim value 'loud'; valid values are warn, strict, "
             "silent") in proc.stderr
     proc = pytest_run(tmp_path, ini="deepcopy_shim = maybe\n")
-    assert proc.returncode == 4 and "invalid ini deepcopy_shim value 'maybe'" in proc.stderr
+    assert proc.returncode == 4 and "invalid ini value deepcopy_shim = 'maybe'" in proc.stderr
 
 
-MARKER_TESTS = CACHING_NET_SRC + textwrap.dedent(
+MARKER_TESTS = CHILD_NET_SRC + textwrap.dedent(
     """
     import copy, warnings
     import pytest
     import deepcopy_shim as shim_module
-    from deepcopy_shim import NonLeafTensorError, _modes
+    from deepcopy_shim import NonLeafTensorError
 
     def mode():
-        current = _modes.current_mode()
-        return current.value if current is not None else None
+        current = shim_module.current_mode()
+        return current.mode.value if current is not None else None
 
     @pytest.fixture
     def copied_in_fixture():
-        return copy.deepcopy(make_net())  # function-scoped fixtures run inside the marker too
+        return copy.deepcopy(make_child_net())  # function-scoped fixtures run inside the marker too
 
     @pytest.mark.deepcopy_shim("strict")
     def test_marker_strict():
         assert mode() == "strict"
         with pytest.raises(NonLeafTensorError):
-            copy.deepcopy(make_net())
+            copy.deepcopy(make_child_net())
 
     @pytest.mark.deepcopy_shim(mode="silent")
     def test_marker_keyword(copied_in_fixture):
@@ -123,12 +125,19 @@ MARKER_TESTS = CACHING_NET_SRC + textwrap.dedent(
     def test_marker_default_warn():
         assert mode() == "warn"
         with pytest.warns(shim_module.DetachedTensorsWarning):
-            copy.deepcopy(make_net())
+            copy.deepcopy(make_child_net())
+
+    def test_unmarked_tests_get_no_fixture_of_the_plugin(request):
+        assert not [name for name in request.fixturenames if "deepcopy_shim" in name]
+
+    @pytest.mark.deepcopy_shim("silent")
+    def test_marked_tests_get_it_at_collection(request):
+        assert "_deepcopy_shim_marker" in request.fixturenames
 
     def test_unmarked_is_native():
         assert mode() is None
         with pytest.raises(RuntimeError, match="graph leaves"):
-            copy.deepcopy(make_net())
+            copy.deepcopy(make_child_net())
 
     def test_fixture(deepcopy_shim):
         assert deepcopy_shim is shim_module and mode() == "warn"
@@ -156,7 +165,7 @@ MARKER_TESTS = CACHING_NET_SRC + textwrap.dedent(
 def test_marker_and_fixture(tmp_path: Path) -> None:
     proc = pytest_run(tmp_path, "--strict-markers", tests=MARKER_TESTS)
     assert proc.returncode == 0, describe(proc)
-    assert " 10 passed" in proc.stdout, describe(proc)
+    assert " 12 passed" in proc.stdout, describe(proc)
 
 
 def test_marker_with_bad_mode_fails_clearly(tmp_path: Path) -> None:

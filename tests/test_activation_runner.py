@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import List, Optional
 
 import pytest
-from activation_support import (
-    CACHING_NET_SRC,
+from support.processes import (
+    CHILD_NET_SRC,
     DEV_PYTHON,
     PROBE_SRC,
     clean_env,
@@ -19,7 +18,7 @@ from activation_support import (
     stderr_lines,
 )
 
-from deepcopy_shim.__main__ import HELP
+from deepcopy_shim._runner import HELP
 
 REPORT_SRC = PROBE_SRC + textwrap.dedent(
     """
@@ -129,8 +128,9 @@ def test_children_inherit_activation(tmp_path: Path) -> None:
     ("strict", [], "strict"),                   # a mode already in the environment is kept
     ("strict", ["--mode", "silent"], "silent"),  # --mode wins over the environment
     ("off", [], "warn"),                         # the runner is itself the request to switch on
-    ("bogus", [], "warn"),
     (None, [], "warn"),
+    ("silent", ["--mode", "ON"], "warn"),        # the vocabulary of every door
+
 ])
 def test_mode_choice(prog: Path, env_value: Optional[str], args: List[str],
                      expected: str) -> None:
@@ -141,7 +141,7 @@ def test_mode_choice(prog: Path, env_value: Optional[str], args: List[str],
 
 def test_copies_work_under_the_runner(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(CACHING_NET_SRC + "import copy\nema = copy.deepcopy(make_net())\n"
+    script.write_text(CHILD_NET_SRC + "import copy\nema = copy.deepcopy(make_child_net())\n"
                       "print('leaf', ema.last_hidden.is_leaf)\n")
     proc = runner(script)
     assert proc.returncode == 0 and lines(proc) == ["leaf True"], describe(proc)
@@ -164,7 +164,7 @@ def test_help() -> None:
 @pytest.mark.parametrize(("args", "message"), [
     ([], "no program given"),
     (["--mode"], "--mode needs a value"),
-    (["--mode", "loud", "x.py"], "invalid mode 'loud'; valid modes are 'warn', 'strict', 'silent'"),
+    (["--mode", "loud", "x.py"], "invalid --mode value 'loud'; valid values are warn, strict, silent"),
     (["--verbose", "x.py"], "unknown option '--verbose'"),
     (["-m"], "-m needs a module name"),
     (["does_not_exist.py"], "can't open file 'does_not_exist.py'"),
@@ -180,7 +180,34 @@ def test_usage_errors(tmp_path: Path, args: List[str], message: str) -> None:
 
 def test_runner_is_importable_without_side_effects() -> None:
     proc = run([DEV_PYTHON, "-c", "import deepcopy_shim.__main__, sys; "
-                "print('torch' in sys.modules, sys.modules['deepcopy_shim']._modes.global_mode())"],
+                "print('torch' in sys.modules, sys.modules['deepcopy_shim']._modes.global_setting())"],
                clean_env())
     assert proc.stdout.strip() == "False None", describe(proc)
-    assert sys.modules.get("deepcopy_shim.__main__") is not None
+
+
+def test_mode_off_runs_the_program_with_the_shim_off(prog: Path) -> None:
+    proc = runner("--mode", "off", prog, env_value="strict")
+    assert proc.returncode == 0, describe(proc)
+    assert lines(proc)[0].startswith("mode=None ") and lines(proc)[-1] == "env off"
+
+
+def test_a_bad_environment_value_stops_the_runner_without_contradiction(prog: Path) -> None:
+    """The start-up hook skips the bad value; the runner then refuses to guess a mode."""
+    proc = runner(prog, env_value="loud")
+    assert proc.returncode == 2 and proc.stdout == "", describe(proc)
+    startup, runner_error, usage = stderr_lines(proc)
+    assert startup.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM value 'loud'")
+    assert startup.endswith("start-up activation by DEEPCOPY_SHIM skipped")
+    assert runner_error.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM='loud'")
+    assert runner_error.endswith("pass --mode MODE, which overrides it") and usage.startswith("usage:")
+    proc = runner("--mode", "silent", prog, env_value="loud")  # --mode overrides it
+    assert proc.returncode == 0 and lines(proc)[-1] == "env silent", describe(proc)
+
+
+def test_version() -> None:
+    import deepcopy_shim
+
+    for command in ([DEV_PYTHON, "-m", "deepcopy_shim", "--version"],
+                    [Path(DEV_PYTHON).parent / "deepcopy-shim", "--version"]):
+        proc = run(command, clean_env())
+        assert proc.returncode == 0 and proc.stdout == f"deepcopy-shim {deepcopy_shim.__version__}\n"

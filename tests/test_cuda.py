@@ -13,7 +13,8 @@ from typing import Iterator
 import pytest
 import torch
 import torch.nn as nn
-from test_fidelity import CORPUS, Block, GraphDiff, assert_faithful
+from support.corpus import CORPUS, Block
+from support.graphdiff import GraphDiff, assert_same_as_native
 
 import deepcopy_shim
 
@@ -77,7 +78,7 @@ def test_no_host_round_trip() -> None:
 def test_fidelity_on_cuda(name: str) -> None:
     source = CORPUS[name]()
     source = source.cuda() if isinstance(source, nn.Module) else source
-    assert_faithful(source)
+    assert_same_as_native(source)
 
 
 def test_big_model_on_the_gpu() -> None:

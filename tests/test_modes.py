@@ -1,196 +1,109 @@
-"""What each mode says: one warning per top-level copy, a precise strict refusal, or nothing."""
+"""One vocabulary for every door, and a public answer to "which mode applies here, and why"."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
-import subprocess
-import sys
-import textwrap
-import warnings
+import threading
+from typing import Any, List, Optional
 
 import pytest
 import torch
-import torch.nn as nn
-from conftest import CachingNet
+from support.models import CachedActivationsNet, native_refuses
 
 import deepcopy_shim
-from deepcopy_shim import DeepcopyShimWarning, DetachedTensorsWarning, NonLeafTensorError
+from deepcopy_shim import Mode, ModeSetting, Source
+from deepcopy_shim._modes import OFF_WORDS, ON_WORDS
 
-pytestmark = pytest.mark.filterwarnings("default::deepcopy_shim.DeepcopyShimWarning")
-
-PATHS = ["head.last_out", "cache['mid']", "cache['list'][0]"]
-
-
-def test_warn_emits_one_warning_naming_every_tensor(caching_net: CachingNet) -> None:
-    deepcopy_shim.enable("warn")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        copy.deepcopy(caching_net)
-    assert len(caught) == 1
-    w = caught[0]
-    assert issubclass(w.category, DetachedTensorsWarning) and issubclass(w.category, DeepcopyShimWarning)
-    assert issubclass(w.category, UserWarning)
-    text = str(w.message)
-    assert "detached 3 non-leaf tensors" in text and "mode='warn'" in text
-    assert "  cache['mid']: grad_fn=ReluBackward0, shape=(3, 8), dtype=torch.float32" in text
-    assert "  cache['list'][0]: grad_fn=MulBackward0, shape=(3, 8), dtype=torch.float32" in text
-    assert "  head.last_out: grad_fn=AddmmBackward0, shape=(3, 2), dtype=torch.float32" in text
-    assert "a conftest.CachingNet" in text
-    # it points at the line above that called copy.deepcopy, not inside copy or the shim
-    assert w.filename == __file__
-    assert w.lineno == test_warn_emits_one_warning_naming_every_tensor.__code__.co_firstlineno + 4
+ON = [*ON_WORDS, "ON", " Yes ", True]
+OFF = [*OFF_WORDS, "OFF", " No ", False]
 
 
-def test_warn_paths_are_relative_to_the_outermost_copied_object(caching_net: CachingNet) -> None:
-    deepcopy_shim.enable("warn")
-    with pytest.warns(DetachedTensorsWarning) as record:
-        copy.deepcopy({"model": caching_net, "step": 3})
-    assert len(record) == 1
-    assert "  ['model'].head.last_out: grad_fn=AddmmBackward0" in str(record[0].message)
-    assert "deep copy of a dict" in str(record[0].message)
+@pytest.mark.parametrize("word", [*ON, "warn", "WARN", Mode.WARN])
+def test_on_words_mean_warn_at_every_door(word: Any, cached_net: CachedActivationsNet) -> None:
+    deepcopy_shim.enable(word)
+    assert deepcopy_shim.current_mode() == (Mode.WARN, Source.CODE, "deepcopy_shim.enable({!r})")
+    deepcopy_shim.disable()
+    with deepcopy_shim.enabled(word):
+        assert deepcopy_shim.current_mode().mode is Mode.WARN  # type: ignore[union-attr]
+    with pytest.warns(deepcopy_shim.DetachedTensorsWarning):
+        deepcopy_shim.deepcopy(cached_net, word)
 
 
-def test_warning_points_at_the_user_line_through_library_code(caching_net: CachingNet) -> None:
-    from torch.optim.swa_utils import AveragedModel
-
-    deepcopy_shim.enable("warn")
-    with pytest.warns(DetachedTensorsWarning) as record:
-        AveragedModel(caching_net)
-    assert record[0].filename == __file__
-
-
-def test_warn_via_deepcopy_function_points_at_caller(caching_net: CachingNet) -> None:
-    with pytest.warns(DetachedTensorsWarning) as record:
-        deepcopy_shim.deepcopy(caching_net)
-    assert len(record) == 1 and record[0].filename == __file__
-
-
-def test_each_top_level_copy_warns_once(caching_net: CachingNet) -> None:
-    deepcopy_shim.enable()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(3):
-            copy.deepcopy(caching_net)
-    assert len(caught) == 3
-
-
-def test_leaf_only_copies_say_nothing_in_any_mode() -> None:
-    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    with torch.no_grad():
-        model.out = model(torch.randn(1, 2))
-    for mode in ("warn", "strict", "silent"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            deepcopy_shim.deepcopy(model, mode=mode)
-            deepcopy_shim.deepcopy({"t": torch.ones(2)}, mode=mode)
-
-
-def test_silent_says_nothing(caching_net: CachingNet) -> None:
-    deepcopy_shim.enable("silent")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        copy.deepcopy(caching_net)
-
-
-def test_strict_refuses_before_copying_with_a_precise_report(caching_net: CachingNet) -> None:
+@pytest.mark.parametrize("word", OFF)
+def test_off_words_mean_off_at_every_door(word: Any, cached_net: CachedActivationsNet) -> None:
     deepcopy_shim.enable("strict")
-    with pytest.raises(NonLeafTensorError) as info:
-        copy.deepcopy(caching_net)
-    err = info.value
-    assert isinstance(err, RuntimeError)
-    assert err.paths == tuple(PATHS) and err.mode is deepcopy_shim.Mode.STRICT
-    text = str(err)
-    assert "mode='strict'" in text and "refused to deep-copy a conftest.CachingNet" in text
-    assert "3 non-leaf tensors" in text
-    assert "  head.last_out: grad_fn=AddmmBackward0, shape=(3, 2), dtype=torch.float32" in text
-    assert "Nothing was copied and the source is unchanged" in text
-    assert "mode='warn'" in text and "mode='silent'" in text
-    assert "`obj.head.last_out = obj.head.last_out.detach()` or `del obj.head.last_out`" in text
-    assert caching_net.head.last_out.grad_fn is not None  # untouched
+    deepcopy_shim.enable(word)  # enable(off) is disable()
+    assert deepcopy_shim.current_mode() is None and not deepcopy_shim.is_enabled()
+    deepcopy_shim.enable("silent")
+    with deepcopy_shim.enabled(word):  # a scope where copies behave natively
+        assert deepcopy_shim.current_mode() is None
+        with pytest.raises(RuntimeError, match="graph leaves"):
+            copy.deepcopy(cached_net)
+    assert deepcopy_shim.current_mode().mode is Mode.SILENT  # type: ignore[union-attr]
+    deepcopy_shim.disable()
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        deepcopy_shim.deepcopy(cached_net, word)  # a native copy
 
 
-def test_strict_refuses_before_any_tensor_is_copied(
-    caching_net: CachingNet, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    copies = []
-    original = torch.nn.Parameter.__deepcopy__
-
-    def counting(self: torch.nn.Parameter, memo: dict) -> torch.nn.Parameter:
-        copies.append(self)
-        return original(self, memo)
-
-    monkeypatch.setattr(torch.nn.Parameter, "__deepcopy__", counting)
-    with pytest.raises(NonLeafTensorError):
-        deepcopy_shim.deepcopy(caching_net, mode="strict")
-    with pytest.raises(NonLeafTensorError):
-        with deepcopy_shim.enabled("strict"):
-            copy.deepcopy(caching_net)
-    assert copies == []
+@pytest.mark.parametrize("bad", ["loud", "2", None, 3, "warn strict"])
+def test_bad_spellings_are_refused_at_every_door(bad: Any) -> None:
+    for door in (deepcopy_shim.enable, deepcopy_shim.enabled,
+                 lambda mode: deepcopy_shim.deepcopy(1, mode)):
+        with pytest.raises(ValueError, match=r"invalid mode .*valid values are warn, strict, silent; "
+                                             r"1, true, on, yes \(warn\); 0, false, off, no \(off\)"):
+            door(bad)
+    assert not deepcopy_shim.is_enabled()
 
 
-def test_strict_error_is_catchable_as_runtime_error(caching_net: CachingNet) -> None:
-    with pytest.raises(RuntimeError, match="non-leaf tensors"):
-        deepcopy_shim.deepcopy({"m": caching_net}, mode="strict")
+def test_mode_parse_and_str() -> None:
+    assert Mode.parse("STRICT") is Mode.STRICT and Mode.parse(Mode.WARN) is Mode.WARN
+    assert Mode.parse("on") is Mode.WARN
+    with pytest.raises(ValueError, match="means off, which is not a mode"):
+        Mode.parse("off")
+    assert Mode.SILENT == "silent" and str(Mode.SILENT) == "silent"
 
 
-def test_strict_on_bare_nonleaf_tensor() -> None:
-    y = torch.ones(2, requires_grad=True) * 2
-    with pytest.raises(NonLeafTensorError) as info:
-        deepcopy_shim.deepcopy(y, mode="strict")
-    assert info.value.paths == ("",)
-    assert "<the copied object itself>: grad_fn=MulBackward0" in str(info.value)
+def test_current_mode_says_where_it_came_from() -> None:
+    assert deepcopy_shim.current_mode() is None
+    deepcopy_shim.enable("silent")
+    setting = deepcopy_shim.current_mode()
+    assert isinstance(setting, ModeSetting)
+    assert str(setting) == "silent (from deepcopy_shim.enable('silent'))"
+    assert setting.spelled("strict") == "deepcopy_shim.enable('strict')"
+    with deepcopy_shim.enabled("strict"):
+        inner = deepcopy_shim.current_mode()
+        assert inner is not None and inner.source is Source.SCOPE
+        assert str(inner) == "strict (from deepcopy_shim.enabled('strict'))"
+    assert deepcopy_shim.current_mode() == setting
+    for public in (Mode, Source, ModeSetting):
+        assert public.__module__ == "deepcopy_shim"
 
 
-class Doubling:
-    """Its state is computed in __getstate__: the non-leaf tensor exists only during the copy."""
+def test_current_mode_is_per_thread_and_task() -> None:
+    seen: List[Optional[ModeSetting]] = []
+    with deepcopy_shim.enabled("strict"):
+        thread = threading.Thread(target=lambda: seen.append(deepcopy_shim.current_mode()))
+        thread.start()
+        thread.join()
 
-    def __init__(self, x: torch.Tensor) -> None:
-        self.x = x
+        async def task() -> Optional[ModeSetting]:
+            return deepcopy_shim.current_mode()
 
-    def __getstate__(self) -> dict:
-        return {"x": self.x * 2}
-
-
-def test_strict_reports_a_tensor_hidden_behind_a_custom_protocol() -> None:
-    obj = Doubling(torch.ones(2, requires_grad=True))
-    assert deepcopy_shim.find_nonleaf_tensors(obj) == []
-    with pytest.raises(NonLeafTensorError) as info:
-        deepcopy_shim.deepcopy(obj, mode="strict")
-    assert info.value.paths == ("<reached only through a custom copy protocol>",)
+        in_task = asyncio.run(task())
+    assert seen == [None]  # a new thread starts outside every scope
+    assert in_task is not None and in_task.mode is Mode.STRICT  # a task inherits its context
 
 
-def test_warn_names_a_tensor_hidden_behind_a_custom_protocol() -> None:
-    with pytest.warns(DetachedTensorsWarning, match="custom copy protocol>: grad_fn=MulBackward0"):
-        copied = deepcopy_shim.deepcopy(Doubling(torch.ones(2, requires_grad=True)))
-    assert copied.x.is_leaf and torch.equal(copied.x, torch.full((2,), 2.0))
+def test_enabled_repr_for_every_mode() -> None:
+    assert repr(deepcopy_shim.enabled("strict")) == "deepcopy_shim.enabled(mode='strict')"
+    assert repr(deepcopy_shim.enabled("off")) == "deepcopy_shim.enabled(mode='off')"
 
 
-def test_warnings_escalate_with_filters(caching_net: CachingNet) -> None:
-    deepcopy_shim.enable("warn")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeepcopyShimWarning)
-        with pytest.raises(DetachedTensorsWarning):
-            copy.deepcopy(caching_net)
+def test_an_off_scope_installs_nothing(cached_net: CachedActivationsNet) -> None:
+    from deepcopy_shim import _patch
 
-
-def test_W_error_on_the_command_line() -> None:
-    """Every shim warning starts with "deepcopy_shim", so `python -W error:deepcopy_shim` escalates
-    them all (CPython cannot resolve a third-party category given to -W at start-up, bpo-22543;
-    pytest's -W and filterwarnings can, and this suite runs with the category escalated)."""
-    code = textwrap.dedent(
-        """
-        import copy, torch, deepcopy_shim
-        deepcopy_shim.enable()
-        t = torch.ones(2, requires_grad=True) * 2
-        try:
-            copy.deepcopy(t)
-        except deepcopy_shim.DeepcopyShimWarning as w:
-            print("escalated:", type(w).__name__)
-        """
-    )
-    result = subprocess.run(
-        [sys.executable, "-W", "error:deepcopy_shim", "-c", code],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "escalated: DetachedTensorsWarning"
+    with deepcopy_shim.enabled(False):
+        assert not _patch.is_installed()
+        assert native_refuses(cached_net)
+    assert torch.is_tensor(cached_net.head.last_out)

@@ -8,7 +8,12 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 import torch
 import torch.nn as nn
-from conftest import CachingNet, native_refuses, needs_parametrizations_weight_norm
+from support.models import (
+    CachedActivationsNet,
+    cached_activations_net,
+    native_refuses,
+    needs_parametrizations_weight_norm,
+)
 
 import deepcopy_shim
 
@@ -67,29 +72,29 @@ def assert_independent_copy(src: nn.Module, dst: nn.Module) -> None:
         assert n1 == n2 and p1 is not p2 and p2.requires_grad == p1.requires_grad
 
 
-def test_cached_outputs_in_attributes_dicts_and_lists(caching_net: CachingNet) -> None:
-    before = snapshot(caching_net)
-    c = copy.deepcopy(caching_net)
-    assert_same_snapshot(before, snapshot(caching_net))
-    assert_independent_copy(caching_net, c)
+def test_cached_outputs_in_attributes_dicts_and_lists(cached_net: CachedActivationsNet) -> None:
+    before = snapshot(cached_net)
+    c = copy.deepcopy(cached_net)
+    assert_same_snapshot(before, snapshot(cached_net))
+    assert_independent_copy(cached_net, c)
     for src, dst in [
-        (caching_net.head.last_out, c.head.last_out),
-        (caching_net.cache["mid"], c.cache["mid"]),
-        (caching_net.cache["list"][0], c.cache["list"][0]),
+        (cached_net.head.last_out, c.head.last_out),
+        (cached_net.cache["mid"], c.cache["mid"]),
+        (cached_net.cache["list"][0], c.cache["list"][0]),
     ]:
         assert dst.is_leaf and dst.requires_grad and torch.equal(dst, src.detach())
 
 
-def test_copy_trains_independently(caching_net: CachingNet) -> None:
-    before = snapshot(caching_net)
-    c = copy.deepcopy(caching_net)
+def test_copy_trains_independently(cached_net: CachedActivationsNet) -> None:
+    before = snapshot(cached_net)
+    c = copy.deepcopy(cached_net)
     opt = torch.optim.SGD(c.parameters(), lr=0.5)
     c(torch.randn(3, 4)).sum().backward()
     c.head.last_out.sum()  # the cached copy is usable on its own
     opt.step()
-    assert all(p.grad is None for p in caching_net.parameters())
-    assert_same_snapshot(before, snapshot(caching_net))
-    assert not torch.equal(c.fc.weight, caching_net.fc.weight)
+    assert all(p.grad is None for p in cached_net.parameters())
+    assert_same_snapshot(before, snapshot(cached_net))
+    assert not torch.equal(c.fc.weight, cached_net.fc.weight)
 
 
 def test_hook_based_weight_norm_before_any_forward() -> None:
@@ -211,17 +216,17 @@ def test_scripted_module_keeps_its_own_deepcopy() -> None:
     assert c.weight.data_ptr() != scripted.weight.data_ptr()
 
 
-def test_model_and_optimizer_copied_together(caching_net: CachingNet) -> None:
-    opt = torch.optim.Adam(caching_net.parameters(), lr=1e-2)
-    caching_net(torch.randn(3, 4)).sum().backward()
+def test_model_and_optimizer_copied_together(cached_net: CachedActivationsNet) -> None:
+    opt = torch.optim.Adam(cached_net.parameters(), lr=1e-2)
+    cached_net(torch.randn(3, 4)).sum().backward()
     opt.step()
-    caching_net(torch.randn(3, 4))  # re-cache activations after the step
-    bundle = copy.deepcopy({"model": caching_net, "opt": opt})
+    cached_net(torch.randn(3, 4))  # re-cache activations after the step
+    bundle = copy.deepcopy({"model": cached_net, "opt": opt})
     model, new_opt = bundle["model"], bundle["opt"]
     copied_params = {id(p) for p in model.parameters()}
     assert {id(p) for g in new_opt.param_groups for p in g["params"]} == copied_params
     assert set(map(id, new_opt.state.keys())) == copied_params
-    for p_src, p_dst in zip(caching_net.parameters(), model.parameters()):
+    for p_src, p_dst in zip(cached_net.parameters(), model.parameters()):
         assert torch.equal(new_opt.state[p_dst]["exp_avg"], opt.state[p_src]["exp_avg"])
     model(torch.randn(3, 4)).sum().backward()
     new_opt.step()
@@ -337,8 +342,7 @@ def test_slots_module_uses_the_faithful_path() -> None:
 def test_averaged_model_swa() -> None:
     from torch.optim.swa_utils import AveragedModel
 
-    net = CachingNet()
-    net(torch.randn(2, 4))
+    net = cached_activations_net()
     assert native_refuses(net)
     swa = AveragedModel(net)
     swa.update_parameters(net)
@@ -348,21 +352,20 @@ def test_averaged_model_swa() -> None:
 def test_quantize_dynamic_not_inplace() -> None:
     from torch.ao.quantization import quantize_dynamic
 
-    net = CachingNet().eval()
-    net(torch.randn(2, 4))
+    net = cached_activations_net().eval()
     q = quantize_dynamic(net, {nn.Linear}, dtype=torch.qint8, inplace=False)
     assert type(net.fc) is nn.Linear and type(q.fc) is not nn.Linear
     x = torch.randn(2, 4)
     assert torch.allclose(q(x), net(x), atol=0.1)
 
 
-def test_native_path_when_patch_installed_but_no_mode_active(caching_net: CachingNet) -> None:
+def test_native_path_when_patch_installed_but_no_mode_active(cached_net: CachedActivationsNet) -> None:
     deepcopy_shim.disable()
     with deepcopy_shim.enabled("silent"):
         plain = nn.Sequential(nn.Linear(2, 2))
         copied_inside = copy.deepcopy(plain)
     assert isinstance(copied_inside, nn.Sequential)
-    assert native_refuses(caching_net)
+    assert native_refuses(cached_net)
 
 
 def test_pre_and_post_copy_results_equal_native_for_leaf_only_models() -> None:
@@ -377,3 +380,87 @@ def test_pre_and_post_copy_results_equal_native_for_leaf_only_models() -> None:
     pairs: List[Tuple[nn.Module, nn.Module]] = list(zip(native.modules(), shim.modules()))
     for a, b in pairs:
         assert type(a) is type(b) and vars(a).keys() == vars(b).keys()
+
+
+# --- the fast path and its faithful fallback: observed, not only their results ---------------
+
+
+class OwnState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.restored = False
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.restored = True
+
+
+def test_a_class_with_its_own_state_protocol_takes_the_faithful_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from deepcopy_shim import _module
+
+    rebuilt: List[type] = []
+    original = _module.reconstruct
+
+    def spy(x: Any, memo: Dict[int, Any], *rv: Any) -> Any:
+        rebuilt.append(type(x))
+        return original(x, memo, *rv)
+
+    monkeypatch.setattr(_module, "reconstruct", spy)
+    model = nn.Sequential(OwnState(), nn.Linear(2, 2))
+    copied = copy.deepcopy(model)
+    assert rebuilt == [OwnState]  # copy._reconstruct for it; the fast path for the others
+    assert copied[0].restored and not model[0].restored
+
+
+def test_a_subclass_tensors_capsules_are_dropped_from_the_copy_only() -> None:
+    class Tagged(torch.Tensor):
+        def new_empty(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            return super().new_empty(*args, **kwargs).as_subclass(Tagged)
+
+    t = (torch.ones(2, requires_grad=True) * 2).as_subclass(Tagged)
+    capsule = object()
+    t.__dict__.update(_sym_sizes_capsule=capsule, _sym_strides_capsule_len=1, note="kept")
+    c = copy.deepcopy(t)
+    assert c.__dict__ == {"note": "kept"}
+    assert t.__dict__["_sym_sizes_capsule"] is capsule  # the source keeps its own
+
+
+class Tag:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_a_set_of_objects_is_copied_as_native_copies_it() -> None:
+    model = nn.Linear(2, 2)
+    model.tags = {Tag("a"), Tag("b")}
+    model.names = {"a", "b"}
+    native = _native_copy(model)
+    copied = copy.deepcopy(model)
+    assert sorted(t.name for t in copied.tags) == ["a", "b"]
+    assert not {id(t) for t in copied.tags} & {id(t) for t in model.tags}  # members are copies
+    assert len(native.tags) == len(copied.tags) and copied.names == {"a", "b"}
+    assert copied.names is not model.names
+
+
+def test_tied_parameters_stay_tied_when_parameter_deepcopy_does_not_memoise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def forgetful(self: nn.Parameter, memo: Dict[int, Any]) -> nn.Parameter:
+        return nn.Parameter(self.data.clone(), self.requires_grad)  # no memo entry
+
+    monkeypatch.setattr(nn.Parameter, "__deepcopy__", forgetful)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    model[1].weight = model[0].weight
+    copied = copy.deepcopy(model)
+    assert copied[1].weight is copied[0].weight and copied[0].weight is not model[0].weight
+
+
+def _native_copy(obj: Any) -> Any:
+    with deepcopy_shim.enabled("off"):
+        return copy.deepcopy(obj)

@@ -509,7 +509,8 @@ def test_the_remedy_names_the_environment_variable() -> None:
         """
     )
     env = {**__import__("os").environ, "DEEPCOPY_SHIM": "warn"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env=env)
     assert result.returncode == 0, result.stderr
     message, mode = result.stdout.strip().splitlines()
     assert "Mode 'warn' is set by DEEPCOPY_SHIM=warn: DEEPCOPY_SHIM=silent copies" in message

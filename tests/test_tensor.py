@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.models import ORIGINAL_TENSOR_DEEPCOPY
 
 import deepcopy_shim
 
@@ -21,13 +22,15 @@ def silent() -> Iterator[None]:
     yield
 
 
-def nonleaf(t: torch.Tensor) -> torch.Tensor:
+def as_nonleaf(t: torch.Tensor) -> torch.Tensor:
+    """A non-leaf tensor with ``t``'s values (and layout, where ``t`` is a view)."""
     out = t.detach().clone().requires_grad_(True) * 1
     assert not out.is_leaf
     return out
 
 
-def assert_faithful(src: torch.Tensor, dst: torch.Tensor) -> None:
+def assert_detached_twin(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst`` is ``src`` copied as a leaf: same values, layout and flags, own storage."""
     assert dst.is_leaf and dst.grad_fn is None
     assert type(dst) is type(src)
     assert dst.requires_grad == src.requires_grad
@@ -44,7 +47,7 @@ def test_nonleaf_becomes_detached_leaf_with_requires_grad() -> None:
     x = torch.randn(3, 4, requires_grad=True)
     y = x * 2
     c = copy.deepcopy(y)
-    assert_faithful(y, c)
+    assert_detached_twin(y, c)
     assert c.requires_grad
     c.sum().backward()
     assert x.grad is None  # nothing flows back into the source graph
@@ -63,27 +66,27 @@ def test_leaf_tensors_go_to_torch_untouched() -> None:
     "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64]
 )
 def test_dtypes(dtype: torch.dtype) -> None:
-    y = nonleaf(torch.randn(4, 5).to(dtype))
-    assert_faithful(y, copy.deepcopy(y))
+    y = as_nonleaf(torch.randn(4, 5).to(dtype))
+    assert_detached_twin(y, copy.deepcopy(y))
 
 
 def test_strides_offset_and_memory_format() -> None:
-    base = nonleaf(torch.randn(2, 3, 4, 5))
+    base = as_nonleaf(torch.randn(2, 3, 4, 5))
     cl = base.contiguous(memory_format=torch.channels_last)
-    assert_faithful(cl, copy.deepcopy(cl))
+    assert_detached_twin(cl, copy.deepcopy(cl))
     assert copy.deepcopy(cl).is_contiguous(memory_format=torch.channels_last)
     for view in (base.transpose(1, 3), base[:, 1:, ::2], base[1], base.expand(3, 2, 3, 4, 5)):
-        assert_faithful(view, copy.deepcopy(view))
+        assert_detached_twin(view, copy.deepcopy(view))
 
 
 def test_conj_and_neg_bits() -> None:
-    z = nonleaf(torch.randn(3, dtype=torch.complex64))
+    z = as_nonleaf(torch.randn(3, dtype=torch.complex64))
     conj = z.conj()
     assert conj.is_conj()
-    assert_faithful(conj, copy.deepcopy(conj))
-    neg = torch._neg_view(nonleaf(torch.randn(3)))
+    assert_detached_twin(conj, copy.deepcopy(conj))
+    neg = torch._neg_view(as_nonleaf(torch.randn(3)))
     assert neg.is_neg()
-    assert_faithful(neg, copy.deepcopy(neg))
+    assert_detached_twin(neg, copy.deepcopy(neg))
 
 
 def test_sparse_nonleaf() -> None:
@@ -97,7 +100,7 @@ def test_sparse_nonleaf() -> None:
 
 
 def test_view_and_base_share_storage_in_the_copy() -> None:
-    base = nonleaf(torch.arange(12.0))
+    base = as_nonleaf(torch.arange(12.0))
     view = base[2:8].view(2, 3)
     leaf_view = base.detach()[::3]  # a leaf that aliases the same storage
     c_base, c_view, c_leaf = copy.deepcopy((base, view, leaf_view))
@@ -111,7 +114,7 @@ def test_view_and_base_share_storage_in_the_copy() -> None:
 
 
 def test_same_nonleaf_reached_twice_gives_one_copy() -> None:
-    y = nonleaf(torch.randn(3))
+    y = as_nonleaf(torch.randn(3))
     a, b = copy.deepcopy([y, {"again": y}])
     assert a is b["again"]
 
@@ -162,7 +165,7 @@ class Tagged(torch.Tensor):
 
 
 def test_subclass_type_and_dict_are_kept() -> None:
-    y = nonleaf(torch.randn(3)).as_subclass(Tagged)
+    y = as_nonleaf(torch.randn(3)).as_subclass(Tagged)
     y.label = {"name": "act"}
     assert not y.is_leaf
     c = copy.deepcopy(y)
@@ -170,17 +173,29 @@ def test_subclass_type_and_dict_are_kept() -> None:
     assert c.label == {"name": "act"} and c.label is not y.label
 
 
-def test_subclass_without_new_empty_fails_as_its_leaf_would() -> None:
-    class Bare(torch.Tensor):
-        pass
+class Bare(torch.Tensor):
+    """A subclass torch cannot deep-copy even as a leaf (no ``new_empty`` of its own)."""
 
+
+def test_subclass_torch_cannot_copy_fails_with_one_clear_error() -> None:
     leaf = torch.randn(2).as_subclass(Bare)
     with pytest.raises(RuntimeError) as native:
         copy.deepcopy(leaf)
-    y = nonleaf(torch.randn(2)).as_subclass(Bare)
-    with pytest.raises(RuntimeError) as shim:
-        copy.deepcopy(y)
-    assert str(shim.value) == str(native.value)
+    holder = {"acts": [as_nonleaf(torch.randn(2)).as_subclass(Bare)]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is announced for a copy that then fails
+        for mode in ("silent", "warn", "strict"):
+            with deepcopy_shim.enabled(mode), pytest.raises(deepcopy_shim.DetachedCopyError) as shim:
+                copy.deepcopy(holder)
+            error = shim.value
+            assert isinstance(error, RuntimeError) and error.path == "['acts'][0]"
+            assert str(error).splitlines()[0] == (
+                "deepcopy_shim: cannot deep-copy ['acts'][0], a tensor with autograd history:"
+            )
+            assert f"{type(native.value).__name__}: {native.value}" in " ".join(str(error).split())
+            # torch's own error is the cause, not hidden under the "graph leaves" refusal
+            assert type(error.__cause__) is type(native.value)
+            assert str(error.__cause__) == str(native.value) and error.__suppress_context__
 
 
 def test_parameter_keeps_its_own_deepcopy() -> None:
@@ -190,8 +205,6 @@ def test_parameter_keeps_its_own_deepcopy() -> None:
 
 
 def test_patched_attribute_has_stable_identity() -> None:
-    from conftest import ORIGINAL_TENSOR_DEEPCOPY
-
     assert torch.Tensor.__deepcopy__ is torch.Tensor.__deepcopy__
     assert torch.Tensor.__deepcopy__.__wrapped__ is ORIGINAL_TENSOR_DEEPCOPY
     # a wrapt proxy: equal to and hashed like the original, so sets built before patching match
@@ -263,7 +276,7 @@ def test_native_error_when_no_mode_is_active() -> None:
     with deepcopy_shim.enabled("silent"):
         pass
     with pytest.raises(RuntimeError, match="graph leaves"):
-        copy.deepcopy(nonleaf(torch.randn(2)))
+        copy.deepcopy(as_nonleaf(torch.randn(2)))
 
 
 def test_source_is_never_modified() -> None:
@@ -309,7 +322,7 @@ def views(draw: Any) -> Any:
 def test_property_copy_equals_detach_and_keeps_aliasing(pair: Any) -> None:
     base, view = pair
     c_base, c_view = copy.deepcopy((base, view))
-    assert_faithful(base, c_base)
-    assert_faithful(view, c_view)
+    assert_detached_twin(base, c_base)
+    assert_detached_twin(view, c_view)
     assert c_view.untyped_storage().data_ptr() == c_base.untyped_storage().data_ptr()
     assert torch.equal(c_view.detach().resolve_conj(), view.detach().resolve_conj())

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Union
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # A model whose last forward ran with grad enabled: its cached activations are non-leaf tensors,
 # so a native copy.deepcopy raises the 'graph leaves' error.  Pasted into child programs.
@@ -43,9 +43,9 @@ PROBE_SRC = textwrap.dedent(
     """
     import sys
     modes = sys.modules.get("deepcopy_shim._modes")
-    mode = modes.global_mode() if modes is not None else None
+    setting = modes.global_setting() if modes is not None else None
     print("mode=%s torch=%s shim=%s wrapt=%s" % (
-        mode.value if mode is not None else None, "torch" in sys.modules,
+        setting.mode.value if setting is not None else None, "torch" in sys.modules,
         "deepcopy_shim" in sys.modules, "wrapt" in sys.modules))
     """
 )
