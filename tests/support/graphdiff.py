@@ -53,13 +53,18 @@ class GraphDiff:
         self.storages: Dict[int, int] = {}  # native storage address -> shim storage address
         self.storages_back: Dict[int, int] = {}
         self.shim_storages: Set[int] = set()
+        self.native_storages: Set[int] = set()
         self.compared_tensors = 0
 
     def check(self) -> None:
         self._visit(self.source, self.native, self.shim, "<root>")
-        shared = self.shim_storages & _storages_reachable(self.source)
-        if shared:
-            raise Mismatch(f"the shim's copy shares {len(shared)} storage(s) with the source")
+        # Native deepcopy shares no storage with the source, except through a memo that hands
+        # out aliases (pyro's detach): the shim's copy shares exactly what native's shares.
+        source = _storages_reachable(self.source)
+        shared = self.shim_storages & source
+        if shared != self.native_storages & source:
+            raise Mismatch(f"the shim's copy shares {len(shared)} storage(s) with the source, "
+                           f"native's {len(self.native_storages & source)}")
 
     def _fail(self, path: str, what: str, native: Any, shim: Any) -> None:
         raise Mismatch(f"{path}: {what}: native {_short(native)} vs shim {_short(shim)}")
@@ -127,6 +132,7 @@ class GraphDiff:
         if n_store.nbytes() and s_store.nbytes():
             n_ptr, s_ptr = n_store.data_ptr(), s_store.data_ptr()
             self.shim_storages.add(s_ptr)
+            self.native_storages.add(n_ptr)
             if self.storages.setdefault(n_ptr, s_ptr) != s_ptr:
                 self._fail(path, "aliasing: only native shares this storage", n_ptr, s_ptr)
             if self.storages_back.setdefault(s_ptr, n_ptr) != n_ptr:
