@@ -140,6 +140,15 @@ def test_nonleaf_grad_of_leaf_from_create_graph() -> None:
     assert c.grad.is_leaf and torch.equal(c.grad, x.grad.detach())
 
 
+def test_a_nonleaf_grad_copied_before_its_leaf_stays_one_object() -> None:
+    """torch copies a leaf's .grad by calling grad.__deepcopy__(memo) itself, past deepcopy's
+    memo check: a grad the copy has already made is a memo hit there too, not a second copy."""
+    x = torch.randn(3, requires_grad=True)
+    (x ** 3).sum().backward(create_graph=True)
+    c = copy.deepcopy({"grad": x.grad, "x": x})
+    assert c["x"].grad is c["grad"]
+
+
 def test_temporaries_stay_alive_for_the_whole_copy() -> None:
     """Many non-leaf tensors and their grads in one copy: a freed detach() alias whose id() got
     reused would hand one tensor another's copy (torch: "can't assign Variable as its own grad")."""
