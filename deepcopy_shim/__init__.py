@@ -1,11 +1,11 @@
-"""deepcopy-shim: ``copy.deepcopy`` for PyTorch models that hold tensors with autograd history.
+"""deepcopy-shim: `copy.deepcopy` for PyTorch models that hold tensors with autograd history.
 
-``import deepcopy_shim; deepcopy_shim.enable()`` and ``copy.deepcopy(model)`` no longer raises
+`import deepcopy_shim; deepcopy_shim.enable()` and `copy.deepcopy(model)` no longer raises
 "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol": such
 tensors are copied as detached leaves, modules are rebuilt from their own state.  Importing this
 package does not import torch.
 
-PYTEST_DONT_REWRITE (for pytest, which reads this docstring: ``DEEPCOPY_SHIM`` imports the
+PYTEST_DONT_REWRITE (for pytest, which reads this docstring: `DEEPCOPY_SHIM` imports the
 package at interpreter start-up, before pytest could rewrite it; it holds no assertions).
 """
 

@@ -1,4 +1,4 @@
-"""``python -m deepcopy_shim``: see ``_runner`` (the same as the ``deepcopy-shim`` command)."""
+"""`python -m deepcopy_shim`: see `_runner` (the same as the `deepcopy-shim` command)."""
 
 from ._runner import main
 

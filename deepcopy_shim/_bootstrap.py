@@ -1,10 +1,10 @@
-"""Start-up activation from the ``DEEPCOPY_SHIM`` environment variable.
+"""Start-up activation from the `DEEPCOPY_SHIM` environment variable.
 
-The ``deepcopy_shim.pth`` file that the wheel puts in ``site-packages`` imports this module at
-interpreter start-up, but only when ``DEEPCOPY_SHIM`` is set to a value that is not an off word;
-with the variable unset nothing is imported at all.  :func:`activate_from_environment` then
+The `deepcopy_shim.pth` file that the wheel puts in `site-packages` imports this module at
+interpreter start-up, but only when `DEEPCOPY_SHIM` is set to a value that is not an off word;
+with the variable unset nothing is imported at all.  `activate_from_environment()` then
 enables the shim in the mode the variable names, with the mode vocabulary of every door (see
-``_modes.parse_mode``).  torch is not imported here: the patch is applied by a post-import hook
+`_modes.parse_mode`).  torch is not imported here: the patch is applied by a post-import hook
 when (and if) the program imports torch.
 
 Nothing in this module may raise during start-up: a broken activation must never stop the
@@ -25,16 +25,16 @@ ENV_VAR = "DEEPCOPY_SHIM"
 
 
 def environment_setting(value: str) -> Optional[ModeSetting]:
-    """The setting ``DEEPCOPY_SHIM=value`` makes (None: off).
+    """The setting `DEEPCOPY_SHIM=value` makes (None: off).
 
-    Raises ``ValueError`` whose message names the variable, the bad value and the valid ones.
+    Raises `ValueError` whose message names the variable, the bad value and the valid ones.
     """
     mode = parse_mode(value, f"{ENV_VAR} value")
     return None if mode is None else ModeSetting(mode, Source.ENVIRONMENT, ENV_VAR + "={}")
 
 
 def startup_failure(exc: BaseException, what: str) -> str:
-    """The one line that reports a failed start-up ``what`` (decided by the exception's type:
+    """The one line that reports a failed start-up `what` (decided by the exception's type:
     a bad mode value is the user's to fix and speaks for itself; anything else is a failure)."""
     if isinstance(exc, ModeValueError):
         return f"{exc}; {what} skipped"
@@ -42,11 +42,11 @@ def startup_failure(exc: BaseException, what: str) -> str:
 
 
 def activate_from_environment(environ: Optional[Mapping[str, str]] = None) -> Optional[Mode]:
-    """Enable the shim in the mode ``DEEPCOPY_SHIM`` names; return that mode (``None``: off).
+    """Enable the shim in the mode `DEEPCOPY_SHIM` names; return that mode (`None`: off).
 
-    The patch itself is deferred to ``import torch`` if torch is not imported yet.  Never raises:
+    The patch itself is deferred to `import torch` if torch is not imported yet.  Never raises:
     a bad value or a failure to enable is reported as one line on stderr and the shim stays off.
-    Explicit code wins: a later :func:`deepcopy_shim.enable`/``disable`` overrides this.
+    Explicit code wins: a later `deepcopy_shim.enable()`/`disable` overrides this.
     """
     try:
         env = os.environ if environ is None else environ

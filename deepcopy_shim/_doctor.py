@@ -1,6 +1,6 @@
-"""``python -m deepcopy_shim --check``: what a bug report needs, in a few lines.
+"""`python -m deepcopy_shim --check`: what a bug report needs, in a few lines.
 
-Versions and the tested ranges, the start-up hook, ``DEEPCOPY_SHIM`` and what it resolves to,
+Versions and the tested ranges, the start-up hook, `DEEPCOPY_SHIM` and what it resolves to,
 the state of the patch in this process, and a live self-test of every mode on a real non-leaf
 tensor.  Exit status 1, with one line saying what, when something is wrong.
 """
@@ -25,7 +25,7 @@ _HOOK = "deepcopy_shim.pth"
 
 
 def find_startup_hook() -> Optional[str]:
-    """The path of the ``deepcopy_shim.pth`` that this interpreter reads at start-up, or None."""
+    """The path of the `deepcopy_shim.pth` that this interpreter reads at start-up, or None."""
     dirs: List[str] = []
     try:
         dirs.extend(site.getsitepackages())

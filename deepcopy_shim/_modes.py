@@ -1,8 +1,8 @@
 """Modes, the one vocabulary that names them, and which mode applies where.
 
-The global setting is made by :func:`deepcopy_shim.enable` (and by the environment, the runner
-and the pytest option, which call it); :class:`deepcopy_shim.enabled` and
-:func:`deepcopy_shim.deepcopy` override it for the current thread or async task only, through a
+The global setting is made by `deepcopy_shim.enable()` (and by the environment, the runner
+and the pytest option, which call it); `deepcopy_shim.enabled` and
+`deepcopy_shim.deepcopy()` override it for the current thread or async task only, through a
 context variable.  Every setting remembers where it came from, so that messages can say how to
 change it.  Nothing here imports torch.
 """
@@ -38,12 +38,12 @@ OFF_WORDS = ("0", "false", "off", "no", "")
 class Mode(str, enum.Enum):
     """What a deep copy does when it meets a tensor with autograd history (a non-leaf tensor).
 
-    - ``WARN``: copy it as a detached leaf; when the copy is complete, emit one
-      ``DetachedTensorsWarning`` naming every tensor it detached.
-    - ``STRICT``: refuse the copy with ``NonLeafTensorError``, naming every such tensor met.
-    - ``SILENT``: copy it as a detached leaf without a word.
+    - `WARN`: copy it as a detached leaf; when the copy is complete, emit one
+      `DetachedTensorsWarning` naming every tensor it detached.
+    - `STRICT`: refuse the copy with `NonLeafTensorError`, naming every such tensor met.
+    - `SILENT`: copy it as a detached leaf without a word.
 
-    A mode is also a ``str`` (``Mode.WARN == "warn"``), so either form is accepted everywhere.
+    A mode is also a `str` (`Mode.WARN == "warn"`), so either form is accepted everywhere.
     """
 
     __module__ = "deepcopy_shim"
@@ -54,10 +54,10 @@ class Mode(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[Mode, str]) -> Mode:
-        """Return the mode named by ``value`` (a ``Mode`` or its name, any case).
+        """Return the mode named by `value` (a `Mode` or its name, any case).
 
-        Raises ``ValueError`` naming the bad value and the valid ones.  For the whole
-        vocabulary, on and off words included, see :func:`deepcopy_shim.enable`.
+        Raises `ValueError` naming the bad value and the valid ones.  For the whole
+        vocabulary, on and off words included, see `deepcopy_shim.enable()`.
         """
         mode = parse_mode(value)
         if mode is None:
@@ -77,25 +77,25 @@ class Source(str, enum.Enum):
     __module__ = "deepcopy_shim"
 
     CODE = "code"
-    """``deepcopy_shim.enable()`` in the program."""
+    """`deepcopy_shim.enable()` in the program."""
     SCOPE = "scope"
-    """A ``deepcopy_shim.enabled()`` scope or a ``deepcopy_shim.deepcopy()`` call."""
+    """A `deepcopy_shim.enabled()` scope or a `deepcopy_shim.deepcopy()` call."""
     ENVIRONMENT = "environment"
-    """The ``DEEPCOPY_SHIM`` environment variable, read at interpreter start-up."""
+    """The `DEEPCOPY_SHIM` environment variable, read at interpreter start-up."""
     RUNNER = "runner"
-    """``python -m deepcopy_shim --mode MODE`` / ``deepcopy-shim --mode MODE``."""
+    """`python -m deepcopy_shim --mode MODE` / `deepcopy-shim --mode MODE`."""
     PYTEST = "pytest"
-    """The pytest plugin: ``--deepcopy-shim``, the ini key, the marker or the fixture."""
+    """The pytest plugin: `--deepcopy-shim`, the ini key, the marker or the fixture."""
 
     def __str__(self) -> str:
         return self.value
 
 
 class ModeSetting(NamedTuple):
-    """The mode in effect and where it came from, as :func:`deepcopy_shim.current_mode` says.
+    """The mode in effect and where it came from, as `deepcopy_shim.current_mode()` says.
 
-    ``how`` is the setting as the user wrote it, with ``{}`` where the mode goes
-    (``"DEEPCOPY_SHIM={}"``, ``"deepcopy_shim.enable({!r})"``); :meth:`spelled` fills it in,
+    `how` is the setting as the user wrote it, with `{}` where the mode goes
+    (`"DEEPCOPY_SHIM={}"`, `"deepcopy_shim.enable({!r})"`); `spelled()` fills it in,
     which is how messages say exactly what to write instead.
     """
 
@@ -104,7 +104,7 @@ class ModeSetting(NamedTuple):
     how: str
 
     def spelled(self, mode: Union[Mode, str, None] = None) -> str:
-        """This setting as written for ``mode`` (default: its own), e.g. ``DEEPCOPY_SHIM=silent``."""
+        """This setting as written for `mode` (default: its own), e.g. `DEEPCOPY_SHIM=silent`."""
         return self.how.format(Mode.parse(mode).value if mode is not None else self.mode.value)
 
     def __str__(self) -> str:
@@ -125,12 +125,12 @@ def valid_values() -> str:
 
 
 def parse_mode(value: Union[Mode, str, bool], what: str = "mode") -> Optional[Mode]:
-    """The mode ``value`` names, or ``None`` for off: the vocabulary of every door.
+    """The mode `value` names, or `None` for off: the vocabulary of every door.
 
-    A :class:`Mode` or its name (any case, surrounding blanks ignored); ``True`` or an on word
-    (``1``, ``true``, ``on``, ``yes``) for ``warn``; ``False``, an off word (``0``, ``false``,
-    ``off``, ``no``) or a blank string for off.  Raises :class:`ModeValueError` (a
-    ``ValueError``) naming ``what`` was bad (``"mode"``, ``"DEEPCOPY_SHIM value"``), the value
+    A `Mode` or its name (any case, surrounding blanks ignored); `True` or an on word
+    (`1`, `true`, `on`, `yes`) for `warn`; `False`, an off word (`0`, `false`,
+    `off`, `no`) or a blank string for off.  Raises `ModeValueError` (a
+    `ValueError`) naming `what` was bad (`"mode"`, `"DEEPCOPY_SHIM value"`), the value
     and the valid ones.
     """
     if isinstance(value, Mode):
@@ -176,7 +176,7 @@ def global_setting() -> Optional[ModeSetting]:
 
 
 def swap_global(setting: Optional[ModeSetting]) -> Optional[ModeSetting]:
-    """Make ``setting`` the global one; return the previous one (atomically)."""
+    """Make `setting` the global one; return the previous one (atomically)."""
     global _global
     with _global_lock:
         previous, _global = _global, setting
@@ -184,7 +184,7 @@ def swap_global(setting: Optional[ModeSetting]) -> Optional[ModeSetting]:
 
 
 def push_scope(setting: Optional[ModeSetting]) -> contextvars.Token[Optional[ModeSetting]]:
-    """Enter a scope in which ``setting`` applies (``None``: the shim is off in it)."""
+    """Enter a scope in which `setting` applies (`None`: the shim is off in it)."""
     return _scoped.set(OFF if setting is None else setting)
 
 

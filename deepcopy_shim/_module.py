@@ -31,13 +31,13 @@ _OBJECT_REDUCE = object.__reduce__
 
 
 class ModuleDeepcopy:
-    """The descriptor installed as ``torch.nn.Module.__deepcopy__`` while the shim is installed.
+    """The descriptor installed as `torch.nn.Module.__deepcopy__` while the shim is installed.
 
-    On an instance it returns the bound copier; on the class it raises ``AttributeError``, so
-    ``hasattr(cls, "__deepcopy__")`` stays False for every module class.
-    ``torch.nn.utils.parametrize`` only gives its dynamic classes a ``__deepcopy__`` of their own
+    On an instance it returns the bound copier; on the class it raises `AttributeError`, so
+    `hasattr(cls, "__deepcopy__")` stays False for every module class.
+    `torch.nn.utils.parametrize` only gives its dynamic classes a `__deepcopy__` of their own
     when that check is False; a module parametrized while the shim is installed must still copy
-    after the shim is removed.  A ``__deepcopy__`` defined by a class that follows ``nn.Module``
+    after the shim is removed.  A `__deepcopy__` defined by a class that follows `nn.Module`
     in the MRO (a mixin listed after it) would be shadowed by this one, so it is honoured here.
     """
 
@@ -67,15 +67,15 @@ def _deepcopy_after_module(cls: type) -> Optional[Any]:
 
 
 def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
-    """Deep-copy ``module`` (called as its ``__deepcopy__``); returns the copy, memoised.
+    """Deep-copy `module` (called as its `__deepcopy__`); returns the copy, memoised.
 
-    The object is reduced exactly as ``copy.deepcopy`` reduces it (``copyreg.dispatch_table``,
-    then ``__reduce_ex__(4)``).  A plain reduction (``copyreg.__newobj__``, a state dict, nothing
-    else) of a class that keeps ``nn.Module``'s own copy protocol (``__getstate__``,
-    ``__setstate__``, ``__reduce_ex__``, ``__reduce__``, no ``__slots__``) is rebuilt by the fast
+    The object is reduced exactly as `copy.deepcopy` reduces it (`copyreg.dispatch_table`,
+    then `__reduce_ex__(4)`).  A plain reduction (`copyreg.__newobj__`, a state dict, nothing
+    else) of a class that keeps `nn.Module`'s own copy protocol (`__getstate__`,
+    `__setstate__`, `__reduce_ex__`, `__reduce__`, no `__slots__`) is rebuilt by the fast
     path below; anything else, and every copy made outside the shim's modes, goes through
-    ``copy._reconstruct``, the very code native deepcopy runs.  Nothing here depends on the
-    mode: what is reported is recorded by the tensors the copy meets (see ``_record``).
+    `copy._reconstruct`, the very code native deepcopy runs.  Nothing here depends on the
+    mode: what is reported is recorded by the tensors the copy meets (see `_record`).
     """
     cls = type(module)
     rv = reduce_for_copy(module)
@@ -116,10 +116,10 @@ def _is_plain_reduction(rv: Any, cls: type) -> bool:
 
 
 def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
-    """``copy.deepcopy(state, memo)`` for a module's state dict, without its generic overhead.
+    """`copy.deepcopy(state, memo)` for a module's state dict, without its generic overhead.
 
     Equal to the generic copy item by item, in the same order: the same containers, the same
-    memo entries (so a ``RemovableHandle`` or anything else referring to a hook dict still
+    memo entries (so a `RemovableHandle` or anything else referring to a hook dict still
     finds its copy), the same deepcopy of every value no shortcut below covers.  Most of a
     module's state is ~12 hook OrderedDicts that are almost always empty and an empty set; the
     generic path reduces and reconstructs each of them.
@@ -200,9 +200,9 @@ _parameter_copier_for: Tuple[Any, _Copier] = (None, _deepcopy)
 
 
 def _parameter_copier() -> _Copier:
-    """A copier for the values of ``_parameters``, equal to ``copy.deepcopy``.
+    """A copier for the values of `_parameters`, equal to `copy.deepcopy`.
 
-    For an ``nn.Parameter`` of exactly that type deepcopy would find ``Parameter.__deepcopy__``
+    For an `nn.Parameter` of exactly that type deepcopy would find `Parameter.__deepcopy__`
     (whatever function it is now) and call it; calling that function directly is the same
     call without deepcopy's dispatch.  Other values go through deepcopy.
     """

@@ -2,19 +2,19 @@
 
 Two attributes change while the patch is installed:
 
-* ``torch.Tensor.__deepcopy__`` becomes a ``StableFunctionWrapper`` (see ``_tensor``) around the
+* `torch.Tensor.__deepcopy__` becomes a `StableFunctionWrapper` (see `_tensor`) around the
   original function; removal puts the very same function object back.
-* ``torch.nn.Module.__deepcopy__`` (which torch does not define) is added as a ``ModuleDeepcopy``
-  descriptor (see ``_module``); removal deletes it, leaving ``vars(torch.nn.Module)`` exactly as
+* `torch.nn.Module.__deepcopy__` (which torch does not define) is added as a `ModuleDeepcopy`
+  descriptor (see `_module`); removal deletes it, leaving `vars(torch.nn.Module)` exactly as
   it was.
 
-Users of the patch (``enable()`` counts as one, each active ``enabled()`` scope as one) call
-:func:`acquire` and :func:`release`.  The user is counted *before* anything is installed, so a
+Users of the patch (`enable()` counts as one, each active `enabled()` scope as one) call
+`acquire()` and `release()`.  The user is counted *before* anything is installed, so a
 post-import hook that fires at any moment sees it; installing waits for nothing while holding
-this module's lock (imports happen outside it, only attribute writes inside), so an ``import
-torch`` running in another thread can never deadlock with ``enable()``.  If torch is not imported
-yet, installation waits for ``import torch`` through a wrapt post-import hook: enabling the shim
-never imports torch itself.  Copies made in a thread or task with no mode (see ``_modes``) see
+this module's lock (imports happen outside it, only attribute writes inside), so an
+`import torch` running in another thread can never deadlock with `enable()`.  If torch is not imported
+yet, installation waits for `import torch` through a wrapt post-import hook: enabling the shim
+never imports torch itself.  Copies made in a thread or task with no mode (see `_modes`) see
 native behaviour even while the patch is installed.
 """
 
@@ -64,8 +64,8 @@ class _Patch:
         self.module_patch = ModuleDeepcopy()
 
     def apply(self) -> None:
-        """Write both attributes.  Raises ``RuntimeError`` (writing nothing) if nn.Module
-        already has a ``__deepcopy__``: a torch release or another patch this shim does not know."""
+        """Write both attributes.  Raises `RuntimeError` (writing nothing) if nn.Module
+        already has a `__deepcopy__`: a torch release or another patch this shim does not know."""
         if "__deepcopy__" in vars(self.module_cls):
             raise RuntimeError(
                 "deepcopy_shim cannot install: torch.nn.Module already defines __deepcopy__ "
@@ -90,7 +90,7 @@ class _Patch:
 
 
 def is_installed() -> bool:
-    """True while the patch is applied to torch (not merely waiting for ``import torch``)."""
+    """True while the patch is applied to torch (not merely waiting for `import torch`)."""
     return _installed is not None
 
 
@@ -100,7 +100,7 @@ def inert_reason() -> Optional[str]:
 
 
 def state() -> str:
-    """``installed``, ``waiting for import torch``, ``inert`` or ``off``, for the doctor."""
+    """`installed`, `waiting for import torch`, `inert` or `off`, for the doctor."""
     if _installed is not None:
         return "installed"
     if _inert is not None:
@@ -113,7 +113,7 @@ def state() -> str:
 def acquire() -> None:
     """Count one more user, then install now if torch is imported, else when it is.
 
-    Raises ``RuntimeError`` if the patch cannot be installed; the user is then not counted.
+    Raises `RuntimeError` if the patch cannot be installed; the user is then not counted.
     """
     global _users
     with _lock:
@@ -128,7 +128,7 @@ def acquire() -> None:
 def release() -> None:
     """Count one user less; the last one removes the patch.
 
-    Raises ``RuntimeError`` without a matching :func:`acquire`.
+    Raises `RuntimeError` without a matching `acquire()`.
     """
     global _users
     with _lock:

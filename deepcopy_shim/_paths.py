@@ -1,12 +1,12 @@
 """Spelling where an object sits inside the copied object, as Python access a user can paste.
 
-A path is what follows the copied object in an expression: ``head.last_out`` (read as
-``obj.head.last_out``), ``[0].weight`` (``obj[0].weight``), ``cache['mid']``,
-``_forward_hooks[3].func.__self__.outputs['block0']``; ``''`` is the object itself.  Paths are
+A path is what follows the copied object in an expression: `head.last_out` (read as
+`obj.head.last_out`), `[0].weight` (`obj[0].weight`), `cache['mid']`,
+`_forward_hooks[3].func.__self__.outputs['block0']`; `''` is the object itself.  Paths are
 found by identity, from an object already located to the next object the copy met, so every
 path resolves to the very object it names.  They contain no memory address, so the same
 object gives the same path on every run.  Where no step of Python access leads from a located
-object to the next one (a set member, a dict key, a value rebuilt by a custom ``__deepcopy__``
+object to the next one (a set member, a dict key, a value rebuilt by a custom `__deepcopy__`
 or reduction), the path stops there and says why, once.
 """
 
@@ -49,7 +49,7 @@ def display(path: str) -> str:
 class Locator:
     """The paths of the objects met during one copy, relative to its root.
 
-    Every located object is kept alive by this locator, so that its ``id()`` stays its own for
+    Every located object is kept alive by this locator, so that its `id()` stays its own for
     as long as the locator can be asked about it.
     """
 
@@ -68,13 +68,13 @@ class Locator:
         return found is not None and found[0] is obj
 
     def locate(self, chain: Sequence[Any]) -> Tuple[str, Optional[str]]:
-        """Locate ``chain[-1]``, met by the copy through ``chain`` (``chain[0]`` is located).
+        """Locate `chain[-1]`, met by the copy through `chain` (`chain[0]` is located).
 
-        Returns ``(path, None)`` when it is reachable by Python access, else ``(path of the
-        last object reached, why the rest of the way has no spelling)``.  From each object
+        Returns `(path, None)` when it is reachable by Python access, else `(path of the last
+        object reached, why the rest of the way has no spelling)`.  From each object
         reached, the step goes to the furthest object of the chain that one step of access
-        reaches: past the tuples and state dicts a reduction makes, and past the ``_modules``
-        dict of a module to the submodule itself (``[0]``, not ``._modules['0']``).
+        reaches: past the tuples and state dicts a reduction makes, and past the `_modules`
+        dict of a module to the submodule itself (`[0]`, not `._modules['0']`).
         """
         anchor = chain[0]
         if not self.knows(anchor):
@@ -139,7 +139,7 @@ def _instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
 
 
 def _members(obj: Any, with_attributes: bool = True) -> Iterator[Tuple[Any, _Raw]]:
-    """Every object one step of Python access away from ``obj``, with that step (raw)."""
+    """Every object one step of Python access away from `obj`, with that step (raw)."""
     state = _instance_dict(obj)
     if with_attributes and state is not None:
         for name, value in state.items():
@@ -227,7 +227,7 @@ def _attribute_step(name: Any) -> str:
 
 
 def _has_literal(key: Any) -> bool:
-    """True if ``repr(key)`` is a literal that evaluates to an equal key."""
+    """True if `repr(key)` is a literal that evaluates to an equal key."""
     kind = type(key)
     if kind in (str, int, bool, bytes, type(None)):
         return True
@@ -239,7 +239,7 @@ def _has_literal(key: Any) -> bool:
 
 
 def _why(anchor: Any, unreached: Any) -> str:
-    """Why no Python access leads from ``anchor`` to ``unreached``, the next object the copy met."""
+    """Why no Python access leads from `anchor` to `unreached`, the next object the copy met."""
     kind = type(anchor)
     name = class_name(kind)
     if isinstance(anchor, (set, frozenset)):

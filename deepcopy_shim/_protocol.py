@@ -1,8 +1,8 @@
-"""What deepcopy_shim relies on in the standard library's ``copy`` module, in one place.
+"""What deepcopy_shim relies on in the standard library's `copy` module, in one place.
 
-Every other module asks this one about ``copy.deepcopy``'s protocol: which types it returns
+Every other module asks this one about `copy.deepcopy`'s protocol: which types it returns
 unchanged, how it uses a memo, which frames are its own and what their locals are called, and
-how it keeps temporaries alive.  Where the running Python's ``copy`` module differs from what is
+how it keeps temporaries alive.  Where the running Python's `copy` module differs from what is
 written here, the import-time checks below fail loudly instead of letting a report go wrong.
 """
 
@@ -68,9 +68,9 @@ NIL: Any = []
 
 
 def keep_alive(obj: Any, memo: Any) -> None:
-    """Keep ``obj`` alive as long as ``memo``, exactly as ``copy._keep_alive`` does.
+    """Keep `obj` alive as long as `memo`, exactly as `copy._keep_alive` does.
 
-    The memo is keyed by ``id()``: a temporary memoised and then freed would let a later object
+    The memo is keyed by `id()`: a temporary memoised and then freed would let a later object
     reuse its id and receive the wrong copy (seen as "can't assign Variable as its own grad").
     """
     try:
@@ -80,10 +80,10 @@ def keep_alive(obj: Any, memo: Any) -> None:
 
 
 def own_get(memo: Any, key: Any) -> Any:
-    """Read the shim's own entry from ``memo`` without calling a subclass's ``get``.
+    """Read the shim's own entry from `memo` without calling a subclass's `get`.
 
-    Memo subclasses exist that treat every key passed to ``get`` as an object id (pyro's
-    ``detach``/``deep_to``): the shim's bookkeeping must not go through their methods.
+    Memo subclasses exist that treat every key passed to `get` as an object id (pyro's
+    `detach`/`deep_to`): the shim's bookkeeping must not go through their methods.
     """
     if isinstance(memo, dict):
         return dict.get(memo, key)
@@ -91,7 +91,7 @@ def own_get(memo: Any, key: Any) -> Any:
 
 
 def own_set(memo: Any, key: Any, value: Any) -> None:
-    """Write the shim's own entry into ``memo`` without calling a subclass's ``__setitem__``."""
+    """Write the shim's own entry into `memo` without calling a subclass's `__setitem__`."""
     if isinstance(memo, dict):
         dict.__setitem__(memo, key, value)
     else:
@@ -99,8 +99,8 @@ def own_set(memo: Any, key: Any, value: Any) -> None:
 
 
 def reduce_for_copy(obj: Any) -> Any:
-    """``obj`` reduced exactly as ``copy.deepcopy`` reduces it: ``copyreg.dispatch_table`` first,
-    then ``__reduce_ex__(4)``.  Returns a string or a tuple, as the reduction protocol does."""
+    """`obj` reduced exactly as `copy.deepcopy` reduces it: `copyreg.dispatch_table` first,
+    then `__reduce_ex__(4)`.  Returns a string or a tuple, as the reduction protocol does."""
     reductor: Optional[Callable[[Any], Any]] = copyreg.dispatch_table.get(type(obj))
     if reductor is not None:
         return reductor(obj)

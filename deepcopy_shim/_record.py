@@ -1,19 +1,19 @@
 """The record of one top-level copy: which tensors it detached, where they sit, and when it ends.
 
-What mode ``warn`` reports and what mode ``strict`` refuses comes from the copy itself, not from
+What mode `warn` reports and what mode `strict` refuses comes from the copy itself, not from
 a second walk that would have to predict it: a tensor enters the record when the copy meets it
 (and torch refuses it), with the path along which the copy reached it.  Whatever the copy does
-not meet (a tensor dropped by a custom ``__deepcopy__``, one a memo already supplies, one behind
+not meet (a tensor dropped by a custom `__deepcopy__`, one a memo already supplies, one behind
 a reduction that leaves it out) is never reported.
 
-A top-level copy is the outermost ``copy.deepcopy`` call on the stack.  Its end is observed
+A top-level copy is the outermost `copy.deepcopy` call on the stack.  Its end is observed
 through deepcopy's own protocol: the last thing deepcopy does for an object it copied is
-``_keep_alive(x, memo)``, i.e. ``memo[id(memo)].append(x)``.  While a record is open, that
-keep-alive list is a :class:`_KeepAlive` whose ``append`` closes the record when ``x`` is the
+`_keep_alive(x, memo)`, i.e. `memo[id(memo)].append(x)`.  While a record is open, that
+keep-alive list is a `_KeepAlive` whose `append` closes the record when `x` is the
 root and the caller is the root's own deepcopy frame: the copy is then complete, and still on
-the stack, so a strict refusal propagates from ``copy.deepcopy`` itself and no part of the copy
+the stack, so a strict refusal propagates from `copy.deepcopy` itself and no part of the copy
 escapes.  Where that cannot be observed (no deepcopy frame, a memo that is not a plain dict, a
-``copy`` module that keeps objects alive differently) each tensor is reported as it is copied.
+`copy` module that keeps objects alive differently) each tensor is reported as it is copied.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ class Entry(NamedTuple):
 
     tensor: torch.Tensor
     path: str
-    """Python access from the copied object (see ``_paths``)."""
+    """Python access from the copied object (see `_paths`)."""
     why: Optional[str]
-    """None when ``path`` reaches the tensor; else why the rest of the way has no spelling."""
+    """None when `path` reaches the tensor; else why the rest of the way has no spelling."""
 
     @property
     def label(self) -> str:
-        """The path as reported: ``head.last_out``, or ``hooks[0] <copied by X.__deepcopy__>``."""
+        """The path as reported: `head.last_out`, or `hooks[0] <copied by X.__deepcopy__>`."""
         path = display(self.path)
         if self.why is None:
             return path
@@ -52,7 +52,7 @@ class Entry(NamedTuple):
 class CopyRecord:
     """Everything the shim reports about one top-level copy.
 
-    An ``immediate`` record reports its one tensor as soon as that tensor is copied: it serves a
+    An `immediate` record reports its one tensor as soon as that tensor is copied: it serves a
     copy whose end cannot be observed.
     """
 
@@ -72,10 +72,10 @@ class CopyRecord:
         self._frames: Dict[int, Any] = {}
 
     def meet(self, tensor: torch.Tensor, caller: Any) -> _Met:
-        """Enter ``tensor``, which the copy has just met, with the frames it was met under.
+        """Enter `tensor`, which the copy has just met, with the frames it was met under.
 
-        ``caller`` is the frame that called ``Tensor.__deepcopy__``: when that is a deepcopy
-        frame, the object it copies is ``tensor`` itself (bound as the method's ``self``), so
+        `caller` is the frame that called `Tensor.__deepcopy__`: when that is a deepcopy
+        frame, the object it copies is `tensor` itself (bound as the method's `self`), so
         the walk starts above it.
         """
         captured = self._frames
@@ -96,14 +96,14 @@ class CopyRecord:
         return met
 
     def forget(self, met: _Met) -> None:
-        """Take ``met`` out again: its copy failed, so nothing was detached."""
+        """Take `met` out again: its copy failed, so nothing was detached."""
         for index, found in enumerate(self.met):
             if found is met:
                 del self.met[index]
                 return
 
     def copied(self, met: _Met) -> None:
-        """``met``'s tensor is copied; a record that reports tensor by tensor reports it now."""
+        """`met`'s tensor is copied; a record that reports tensor by tensor reports it now."""
         if self.immediate:
             self.met = [met]
             self.close()
@@ -142,7 +142,7 @@ class CopyRecord:
     def close(self) -> None:
         """The copy is complete: warn (mode warn) or refuse (mode strict), naming every entry.
 
-        Raises :class:`NonLeafTensorError` in mode strict, and whatever the warning filters make
+        Raises `NonLeafTensorError` in mode strict, and whatever the warning filters make
         of the warning in mode warn.
         """
         self.closed = True
@@ -186,7 +186,7 @@ class _KeepAlive(list):  # type: ignore[type-arg]
 
 
 def record_for(memo: Any, setting: ModeSetting, tensor: torch.Tensor) -> Optional[CopyRecord]:
-    """The open record of the copy that ``memo`` belongs to, created on its first ``tensor``.
+    """The open record of the copy that `memo` belongs to, created on its first `tensor`.
 
     None in mode silent: nothing is reported, so nothing is recorded.
     """
@@ -216,7 +216,7 @@ def record_for(memo: Any, setting: ModeSetting, tensor: torch.Tensor) -> Optiona
 
 
 def path_here(memo: Any, tensor: torch.Tensor, setting: ModeSetting) -> str:
-    """The path of ``tensor``, being copied now with ``memo``, from the outermost copy's root."""
+    """The path of `tensor`, being copied now with `memo`, from the outermost copy's root."""
     frames = _deepcopy_frames(sys._getframe(1))
     if not frames:
         return ""
@@ -241,7 +241,7 @@ def _closes(memo: Any) -> bool:
 
 
 def _deepcopy_frames(frame: Any) -> List[Any]:
-    """The frames of ``copy.deepcopy`` calls on the stack from ``frame`` out, outermost first."""
+    """The frames of `copy.deepcopy` calls on the stack from `frame` out, outermost first."""
     found = []
     while frame is not None:
         if frame.f_code is _protocol.DEEPCOPY_CODE:
@@ -252,11 +252,11 @@ def _deepcopy_frames(frame: Any) -> List[Any]:
 
 
 def _root_of(frames: List[Any], memo: Any, setting: ModeSetting) -> Tuple[Any, Any]:
-    """The frame and memo of the top-level copy that a tensor copied with ``memo`` belongs to.
+    """The frame and memo of the top-level copy that a tensor copied with `memo` belongs to.
 
-    The outermost deepcopy on the stack, also when a custom ``__deepcopy__`` started a fresh
+    The outermost deepcopy on the stack, also when a custom `__deepcopy__` started a fresh
     copy inside it: the user made one copy and gets one report.  If that outer copy already
-    reports in another mode (a scope opened inside it), the outermost deepcopy with ``memo``.
+    reports in another mode (a scope opened inside it), the outermost deepcopy with `memo`.
     """
     if not frames:
         return None, None

@@ -2,7 +2,7 @@
 
 Rules for all of them: the first line says what happened in a few words (it is what a terminal,
 a log line or a docs page shows without scrolling); the tensors follow one per line, at most
-:data:`MAX_LISTED` of them; then the mode, the way it was set, and how to change it.
+`MAX_LISTED` of them; then the mode, the way it was set, and how to change it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _untested_noted = False
 
 
 def describe_tensor(tensor: torch.Tensor) -> str:
-    """``grad_fn=AddmmBackward0, shape=(4, 8), dtype=torch.float32`` (plus the device if not CPU)."""
+    """`grad_fn=AddmmBackward0, shape=(4, 8), dtype=torch.float32` (plus the device if not CPU)."""
     grad_fn = tensor.grad_fn
     text = (
         f"grad_fn={type(grad_fn).__name__ if grad_fn is not None else None}, "
@@ -46,7 +46,7 @@ def describe_tensor(tensor: torch.Tensor) -> str:
 
 
 def detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) -> str:
-    """Mode warn: the copy of ``root`` is complete and detached ``entries``."""
+    """Mode warn: the copy of `root` is complete and detached `entries`."""
     count = len(entries)
     return "\n".join([
         f"deepcopy_shim: deep copy of {_a(root)} detached {_tensors(count)} with autograd history:",
@@ -61,7 +61,7 @@ def detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) 
 
 
 def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry]) -> str:
-    """Mode strict: the copy of ``root`` met ``entries``, so it is refused."""
+    """Mode strict: the copy of `root` met `entries`, so it is refused."""
     count = len(entries)
     example = next((e for e in entries if e.why is None and e.path), None)
     how: List[str] = []
@@ -82,7 +82,7 @@ def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry]) ->
 
 
 def detached_copy_failure(path: str, tensor: torch.Tensor, error: BaseException) -> str:
-    """torch could not copy the detached twin of the non-leaf ``tensor`` at ``path``."""
+    """torch could not copy the detached twin of the non-leaf `tensor` at `path`."""
     cls = type(tensor)
     return "\n".join([
         f"deepcopy_shim: cannot deep-copy {path or 'the copied object'}, a tensor with autograd history:",
@@ -119,7 +119,7 @@ def note_untested_torch_once() -> None:
 
 
 def class_name(cls: type) -> str:
-    """``Outer.Inner`` for a nested class, without the ``<locals>`` of one defined in a function."""
+    """`Outer.Inner` for a nested class, without the `<locals>` of one defined in a function."""
     return cls.__qualname__.rsplit("<locals>.", 1)[-1]
 
 

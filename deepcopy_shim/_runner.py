@@ -1,6 +1,6 @@
 """The command line: run a program with the shim on, or check the installation.
 
-``python -m deepcopy_shim`` and the ``deepcopy-shim`` console script both call :func:`main`.
+`python -m deepcopy_shim` and the `deepcopy-shim` console script both call `main()`.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class _Command(NamedTuple):
 
 
 def _parse(argv: Sequence[str]) -> _Command:
-    """Split ``argv`` into a command; raises _UsageError."""
+    """Split `argv` into a command; raises _UsageError."""
     mode: Optional[str] = None
     i = 0
     while i < len(argv):
@@ -135,8 +135,8 @@ def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
 def run(argv: Optional[Sequence[str]] = None) -> int:
     """Do what the command line says; return the exit status for the runner's own actions.
 
-    For ``--help``, ``--version`` and ``--check`` the status is the command's; for a usage
-    error, 2 (with the reason on stderr).  When a program runs, its ``SystemExit`` and every
+    For `--help`, `--version` and `--check` the status is the command's; for a usage
+    error, 2 (with the reason on stderr).  When a program runs, its `SystemExit` and every
     other exception it raises propagate unchanged, and 0 is returned when it returns.
     """
     args = sys.argv[1:] if argv is None else list(argv)
@@ -183,7 +183,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Entry point of ``python -m deepcopy_shim`` and ``deepcopy-shim``: exits with :func:`run`'s status."""
+    """Entry point of `python -m deepcopy_shim` and `deepcopy-shim`: exits with `run()`'s status."""
     status = run(argv)
     if status:
         raise SystemExit(status)

@@ -3,7 +3,7 @@
 The package metadata does not cap torch or Python: the shim delegates every copy to torch first
 and only handles one refusal, which a self-check verifies at install time (see _patch).  These
 ranges say what the compatibility matrix proves (docs/compatibility.md); a newer torch gets a
-one-time note in mode ``warn`` and a line in ``python -m deepcopy_shim --check``.
+one-time note in mode `warn` and a line in `python -m deepcopy_shim --check`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ TESTED_PYTHON = ((3, 9), (3, 13))
 
 
 def minor_of(version: str) -> Optional[Tuple[int, int]]:
-    """``(2, 13)`` for ``"2.13.0+cpu"`` or ``"2.16.0a0+git1234"``; None if unreadable."""
+    """`(2, 13)` for `"2.13.0+cpu"` or `"2.16.0a0+git1234"`; None if unreadable."""
     found = re.match(r"\s*(\d+)\.(\d+)", version)
     return (int(found.group(1)), int(found.group(2))) if found else None
 

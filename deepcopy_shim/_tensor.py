@@ -1,4 +1,4 @@
-"""Copying one tensor: torch's own ``Tensor.__deepcopy__`` first, the detached copy when it refuses."""
+"""Copying one tensor: torch's own `Tensor.__deepcopy__` first, the detached copy when it refuses."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ __all__ = ["StableFunctionWrapper", "copy_detached", "make_tensor_deepcopy_wrapp
 # What torch's refusal says, in every release from 2.0 on (older ones say less after it).
 _REFUSAL = "graph leaves"
 
-# Keys torch's own deepcopy strips from a tensor's __dict__ (``_clear_non_serializable_cached_data``):
+# Keys torch's own deepcopy strips from a tensor's __dict__ (`_clear_non_serializable_cached_data`):
 # PyCapsules that cannot be copied and are re-created on demand.  We drop them from the copy
 # instead of clearing them on the source, which must never change.
 _NON_SERIALIZABLE_KEYS = frozenset(
@@ -28,16 +28,16 @@ _NON_SERIALIZABLE_KEYS = frozenset(
 
 
 class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
-    """A ``wrapt.FunctionWrapper`` whose class attribute access returns the wrapper itself.
+    """A `wrapt.FunctionWrapper` whose class attribute access returns the wrapper itself.
 
-    wrapt binds a fresh ``BoundFunctionWrapper`` on every ``Tensor.__deepcopy__`` access; torch
-    compares ``func is Tensor.__deepcopy__`` (FakeTensor's ``__torch_function__``), and
-    ``handle_torch_function`` hands that attribute to every ``__torch_function__``, so it must
+    wrapt binds a fresh `BoundFunctionWrapper` on every `Tensor.__deepcopy__` access; torch
+    compares `func is Tensor.__deepcopy__` (FakeTensor's `__torch_function__`), and
+    `handle_torch_function` hands that attribute to every `__torch_function__`, so it must
     keep one identity.  As a wrapt proxy it also hashes and compares equal to the original, so
-    torch's cached sets of Tensor methods (``torch.overrides``) still recognise it.
+    torch's cached sets of Tensor methods (`torch.overrides`) still recognise it.
 
-    Instance access binds with a plain ``MethodType``: the wrapper then sees ``instance=None``
-    and the tensor as ``args[0]``, exactly as on torch's redispatch path.  Measured on copies of
+    Instance access binds with a plain `MethodType`: the wrapper then sees `instance=None`
+    and the tensor as `args[0]`, exactly as on torch's redispatch path.  Measured on copies of
     16-element tensors this costs 1.07x native, against 1.12x for wrapt's own binding.
     """
 
@@ -48,7 +48,7 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
 
 
 def refusal_problem(original: Callable[..., Any]) -> Optional[str]:
-    """None if ``original`` refuses a non-leaf tensor the way the shim expects, else why not.
+    """None if `original` refuses a non-leaf tensor the way the shim expects, else why not.
 
     The shim handles exactly one error of torch's; if this torch copies non-leaf tensors itself,
     or refuses them in words the shim does not recognise, the patch must stay out of the way.
@@ -72,7 +72,7 @@ def refusal_problem(original: Callable[..., Any]) -> Optional[str]:
 
 
 def make_tensor_deepcopy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Return the wrapt wrapper function for ``Tensor.__deepcopy__`` around ``original``."""
+    """Return the wrapt wrapper function for `Tensor.__deepcopy__` around `original`."""
 
     def tensor_deepcopy(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
                         kwargs: Dict[str, Any]) -> Any:
@@ -110,18 +110,18 @@ def _bind(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple
 
 def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict[Any, Any],
                   setting: _modes.ModeSetting, caller: Any) -> torch.Tensor:
-    """Copy the non-leaf ``tensor`` as torch copies its detached leaf, then restore the rest.
+    """Copy the non-leaf `tensor` as torch copies its detached leaf, then restore the rest.
 
-    Going through ``original`` on a detached alias (rather than ``clone()``) keeps torch's
+    Going through `original` on a detached alias (rather than `clone()`) keeps torch's
     storage memo in charge, so views and their bases copied in one deepcopy still share storage,
     and keeps strides, offset, sparse and quantized layouts exactly as torch makes them; conj and
-    neg bits are kept as bits (torch resolves them on leaves).  Then: ``requires_grad``, a
-    retained ``.grad``, and a subclass's ``__dict__`` and slots.  ``caller`` is the frame that
-    called ``Tensor.__deepcopy__``.
+    neg bits are kept as bits (torch resolves them on leaves).  Then: `requires_grad`, a
+    retained `.grad`, and a subclass's `__dict__` and slots.  `caller` is the frame that
+    called `Tensor.__deepcopy__`.
 
-    The tensor enters the copy's record (see ``_record``) as it is met, so that the record
+    The tensor enters the copy's record (see `_record`) as it is met, so that the record
     keeps the order of the copy, and leaves it again if its copy fails: then
-    :class:`DetachedCopyError` names the tensor's path, with torch's error as its cause (and
+    `DetachedCopyError` names the tensor's path, with torch's error as its cause (and
     not chained under the "graph leaves" refusal).
     """
     record = _record.record_for(memo, setting, tensor)

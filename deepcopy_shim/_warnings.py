@@ -1,9 +1,9 @@
 """The package's warnings and errors, and the one rule for where a warning points.
 
-Every warning deepcopy-shim emits derives from :class:`DeepcopyShimWarning`, so one filter
-covers them all: ``python -W error:deepcopy_shim`` at the command line (every message starts
-with ``deepcopy_shim``), or ``error::deepcopy_shim.DeepcopyShimWarning`` in pytest's
-``filterwarnings`` and in ``warnings.filterwarnings`` calls.
+Every warning deepcopy-shim emits derives from `DeepcopyShimWarning`, so one filter
+covers them all: `python -W error:deepcopy_shim` at the command line (every message starts
+with `deepcopy_shim`), or `error::deepcopy_shim.DeepcopyShimWarning` in pytest's
+`filterwarnings` and in `warnings.filterwarnings` calls.
 """
 
 from __future__ import annotations
@@ -35,18 +35,18 @@ __all__ = [
 class DeepcopyShimWarning(UserWarning):
     """Root of every warning deepcopy-shim emits.
 
-    Escalate or silence them all with ``python -W error:deepcopy_shim`` (a message filter:
-    CPython cannot name a third-party category in ``-W`` at start-up), or with
-    ``"error::deepcopy_shim.DeepcopyShimWarning"`` in pytest's ``filterwarnings``.
+    Escalate or silence them all with `python -W error:deepcopy_shim` (a message filter:
+    CPython cannot name a third-party category in `-W` at start-up), or with
+    `"error::deepcopy_shim.DeepcopyShimWarning"` in pytest's `filterwarnings`.
     """
 
     __module__ = "deepcopy_shim"
 
 
 class DetachedTensorsWarning(DeepcopyShimWarning):
-    """Mode ``warn``: a deep copy detached tensors with autograd history.
+    """Mode `warn`: a deep copy detached tensors with autograd history.
 
-    One per top-level copy, emitted when the copy has completed.  ``paths`` names every
+    One per top-level copy, emitted when the copy has completed.  `paths` names every
     detached tensor, in the order the copy met them (the message lists the first 20).
     """
 
@@ -71,16 +71,16 @@ class TorchCompatibilityWarning(DeepcopyShimWarning):
 
 
 class NonLeafTensorError(RuntimeError):
-    """Mode ``strict``: the copy met tensors with autograd history, so it was refused.
+    """Mode `strict`: the copy met tensors with autograd history, so it was refused.
 
-    A ``RuntimeError`` like torch's own refusal, so ``except RuntimeError`` code keeps working.
+    A `RuntimeError` like torch's own refusal, so `except RuntimeError` code keeps working.
     No part of the copy escapes and the source is unchanged.
 
     Attributes:
         paths: every tensor the copy met that it would have had to detach, in the order met,
-            as Python access paths from the copied object (``''`` is the object itself).
+            as Python access paths from the copied object (`''` is the object itself).
         tensors: the same tensors (those of the source), in the same order.
-        mode: the mode that refused (``Mode.STRICT``).
+        mode: the mode that refused (`Mode.STRICT`).
     """
 
     __module__ = "deepcopy_shim"
@@ -98,7 +98,7 @@ class DetachedCopyError(RuntimeError):
 
     Raised instead of torch's "graph leaves" refusal when the shim's own copy fails (a tensor
     subclass that torch cannot deep-copy even as a leaf, for instance); torch's error is the
-    ``__cause__``.  ``path`` names the tensor as in :class:`NonLeafTensorError`.
+    `__cause__`.  `path` names the tensor as in `NonLeafTensorError`.
     """
 
     __module__ = "deepcopy_shim"
@@ -144,12 +144,12 @@ def is_user_code(filename: str) -> bool:
 
 
 def warn_in_user_code(warning: Warning) -> None:
-    """Emit ``warning`` at the first frame of the user's own code on the calling stack.
+    """Emit `warning` at the first frame of the user's own code on the calling stack.
 
-    Also when a library made the call (Lightning, timm, trl, torch's ``AveragedModel``): the
+    Also when a library made the call (Lightning, timm, trl, torch's `AveragedModel`): the
     line reported is the user's, so the default filter shows a warning once per user line.
     Without any frame of user code (all library code), the outermost frame is used.  Raises
-    whatever the warning filters make of it (``-W error`` turns it into an exception).
+    whatever the warning filters make of it (`-W error` turns it into an exception).
     """
     frame: Any = sys._getframe(1)
     target = None
@@ -170,10 +170,10 @@ def warn_in_user_code(warning: Warning) -> None:
 
 
 def print_notice(text: str) -> None:
-    """Write ``text`` as one line on stderr, whatever state stderr is in; never raises.
+    """Write `text` as one line on stderr, whatever state stderr is in; never raises.
 
     The fallback for contexts where neither a warning nor an exception may escape: interpreter
-    start-up (the ``.pth`` hook) and the post-import hook inside the user's ``import torch``.
+    start-up (the `.pth` hook) and the post-import hook inside the user's `import torch`.
     """
     try:
         stream = sys.stderr
@@ -185,7 +185,7 @@ def print_notice(text: str) -> None:
 
 
 def notify(warning: Warning) -> None:
-    """:func:`warn_in_user_code`, degrading to :func:`print_notice` if the warning raises
+    """`warn_in_user_code()`, degrading to `print_notice()` if the warning raises
     (filters escalated to errors): for code that runs inside someone else's import."""
     try:
         warn_in_user_code(warning)

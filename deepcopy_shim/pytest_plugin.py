@@ -1,18 +1,18 @@
-"""pytest plugin (entry point ``pytest11``): run a test session, or single tests, with the shim on.
+"""pytest plugin (entry point `pytest11`): run a test session, or single tests, with the shim on.
 
 Inert unless asked: with neither option nor ini key nor marker it changes nothing, never imports
-torch, and adds nothing to any test (loading it imports the small ``deepcopy_shim`` package, as
+torch, and adds nothing to any test (loading it imports the small `deepcopy_shim` package, as
 any entry point inside a package does).
 
-* ``--deepcopy-shim=MODE`` on the command line, or ``deepcopy_shim = MODE`` in the ini file (the
-  command line wins): the shim is enabled for the whole session, and ``DEEPCOPY_SHIM=MODE`` is
-  set for the processes the tests start.  ``MODE`` takes the vocabulary of every door; an off
-  word (``off``, ``0``...) switches off a shim that the environment had enabled.
-* ``@pytest.mark.deepcopy_shim("strict")``: that test (its function-scoped fixtures included) runs
-  inside ``deepcopy_shim.enabled``; without an argument the mode is ``warn``.  The marker is
+* `--deepcopy-shim=MODE` on the command line, or `deepcopy_shim = MODE` in the ini file (the
+  command line wins): the shim is enabled for the whole session, and `DEEPCOPY_SHIM=MODE` is
+  set for the processes the tests start.  `MODE` takes the vocabulary of every door; an off
+  word (`off`, `0`...) switches off a shim that the environment had enabled.
+* `@pytest.mark.deepcopy_shim("strict")`: that test (its function-scoped fixtures included) runs
+  inside `deepcopy_shim.enabled`; without an argument the mode is `warn`.  The marker is
   applied at collection, to marked tests only: unmarked tests pay nothing.
-* The ``deepcopy_shim`` fixture does the same for the test that requests it (mode from its marker,
-  else from ``indirect`` parametrization, else ``warn``) and returns the ``deepcopy_shim`` module.
+* The `deepcopy_shim` fixture does the same for the test that requests it (mode from its marker,
+  else from `indirect` parametrization, else `warn`) and returns the `deepcopy_shim` module.
 
 The header line of the run says whether the shim is active for the session and in which mode.
 """
@@ -42,7 +42,7 @@ _MARKER_FIXTURE = "_deepcopy_shim_marker"
 
 
 class _Session:
-    """What the option/ini asked for: the setting (None: off) and the ``DEEPCOPY_SHIM`` value
+    """What the option/ini asked for: the setting (None: off) and the `DEEPCOPY_SHIM` value
     to restore at the end of the session."""
 
     def __init__(self, setting: Optional[ModeSetting], previous_env: Optional[str]) -> None:
@@ -152,7 +152,7 @@ def _scope(mode_name: str, how: str, where: str) -> Any:
 
 @pytest.fixture(name=_MARKER_FIXTURE)
 def _deepcopy_shim_marker(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Apply ``@pytest.mark.deepcopy_shim(mode)`` (added to marked tests at collection)."""
+    """Apply `@pytest.mark.deepcopy_shim(mode)` (added to marked tests at collection)."""
     mode_name = _marker_mode(request.node)
     if mode_name is None:  # pragma: no cover - only marked tests request this fixture
         yield
@@ -164,11 +164,11 @@ def _deepcopy_shim_marker(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(name="deepcopy_shim")
 def deepcopy_shim_fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """Run the requesting test with the shim enabled; returns the ``deepcopy_shim`` module.
+    """Run the requesting test with the shim enabled; returns the `deepcopy_shim` module.
 
-    The mode comes from the test's ``deepcopy_shim`` marker, else from indirect
-    parametrization (``@pytest.mark.parametrize("deepcopy_shim", ["strict"], indirect=True)``),
-    else ``warn``.  Only this test's thread/task is affected (``deepcopy_shim.enabled``).
+    The mode comes from the test's `deepcopy_shim` marker, else from indirect
+    parametrization (`@pytest.mark.parametrize("deepcopy_shim", ["strict"], indirect=True)`),
+    else `warn`.  Only this test's thread/task is affected (`deepcopy_shim.enabled`).
     """
     mode_name = _marker_mode(request.node)
     how = "@pytest.mark.deepcopy_shim({!r})"

@@ -120,7 +120,7 @@ def _tensors() -> st.SearchStrategy[List[TensorSpec]]:
     spec = st.builds(TensorSpec, st.sampled_from(["leaf", "leaf_grad", "history", "history", "view"]),
                      st.integers(0, 1000))
     history = st.builds(TensorSpec, st.just("history"), st.integers(0, 1000))
-    return st.tuples(history, st.lists(spec, max_size=4)).map(lambda first_rest: [first_rest[0], *first_rest[1]])
+    return st.tuples(history, st.lists(spec, max_size=4)).map(lambda pair: [pair[0], *pair[1]])
 
 
 def _graph(pool_size: int) -> st.SearchStrategy[Any]:
