@@ -25,6 +25,7 @@ Parameter = torch.nn.Parameter
 # 3.11: either may be missing.
 _MODULE_GETSTATE = getattr(torch.nn.Module, "__getstate__", None)
 _MODULE_SETSTATE = torch.nn.Module.__setstate__
+_MODULE_GETATTR = torch.nn.Module.__getattr__
 _MODULE_BASICSIZE = torch.nn.Module.__basicsize__
 _OBJECT_REDUCE_EX = object.__reduce_ex__
 _OBJECT_REDUCE = object.__reduce__
@@ -38,7 +39,9 @@ class ModuleDeepcopy:
     `torch.nn.utils.parametrize` only gives its dynamic classes a `__deepcopy__` of their own
     when that check is False; a module parametrized while the shim is installed must still copy
     after the shim is removed.  A `__deepcopy__` defined by a class that follows `nn.Module`
-    in the MRO (a mixin listed after it) would be shadowed by this one, so it is honoured here.
+    in the MRO (a mixin listed after it) would be shadowed by this one, so it is honoured here,
+    and so is one a class's own `__getattr__` forwards (torch.compile's `OptimizedModule`
+    hands over the wrapped module's), as attribute lookup finds them without this descriptor.
     """
 
     __slots__ = ()
@@ -46,9 +49,23 @@ class ModuleDeepcopy:
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             raise AttributeError("__deepcopy__")
-        inherited = _deepcopy_after_module(type(instance))
+        cls = type(instance)
+        inherited = _deepcopy_after_module(cls)
         if inherited is not None:
-            return inherited.__get__(instance, type(instance))
+            return inherited.__get__(instance, cls)
+        # Without this descriptor, deepcopy's getattr(x, "__deepcopy__") would end in the
+        # class's __getattr__; a wrapper that forwards unknown names (torch.compile's
+        # OptimizedModule forwards to the module it wraps) may answer there, and native
+        # deepcopy then uses that answer.  nn.Module's own __getattr__ never has one.
+        forward = cls.__getattr__
+        if forward is not _MODULE_GETATTR:
+            try:
+                found = forward(instance, "__deepcopy__")
+            except AttributeError:
+                pass
+            else:
+                if getattr(found, "__func__", None) is not copy_module:  # not ours, forwarded
+                    return found
         return MethodType(copy_module, instance)
 
     def __repr__(self) -> str:

@@ -73,8 +73,10 @@ class Locator:
         Returns `(path, None)` when it is reachable by Python access, else `(path of the last
         object reached, why the rest of the way has no spelling)`.  From each object
         reached, the step goes to the furthest object of the chain that one step of access
-        reaches: past the tuples and state dicts a reduction makes, and past the `_modules`
-        dict of a module to the submodule itself (`[0]`, not `._modules['0']`).
+        reaches, so a path is as short as the copy's way allows: past the tuples and state
+        dicts a reduction makes, past the `_modules` dict of a module to the submodule itself
+        (`[0]`, not `._modules['0']`), and to `.tensor` rather than through a cache holding the
+        same tensor.  Among the names one object has for the next, the first in its own order.
         """
         anchor = chain[0]
         if not self.knows(anchor):
@@ -106,10 +108,11 @@ class Locator:
         if table is None:
             if key not in self._searched:
                 self._searched.add(key)
-                # Attributes from the last: a cached activation is usually set after __init__.
+                # Attributes first, in a plain loop: where a copy most often finds a cached
+                # tensor, without making a step for every member on the way.
                 state = _instance_dict(parent)
                 if state is not None:
-                    for name, value in reversed(state.items()):
+                    for name, value in state.items():
                         if value is child:
                             return (_ATTR, name)
                 for member, raw in _members(parent, with_attributes=False):

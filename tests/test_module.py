@@ -464,3 +464,32 @@ def test_tied_parameters_stay_tied_when_parameter_deepcopy_does_not_memoise(
 def _native_copy(obj: Any) -> Any:
     with deepcopy_shim.enabled("off"):
         return copy.deepcopy(obj)
+
+
+class Forwarding(nn.Module):
+    """Forwards unknown attributes to the module it wraps, as torch.compile's OptimizedModule does."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+
+class OptsOut(nn.Linear):
+    def __deepcopy__(self, memo: Dict[int, Any]) -> None:
+        return None
+
+
+def test_a_deepcopy_forwarded_by_getattr_is_used_as_natively() -> None:
+    wrapped = Forwarding(OptsOut(2, 2))
+    assert _native_copy(wrapped) is None  # native lookup ends in __getattr__, which forwards
+    for mode in ("silent", "strict"):
+        assert deepcopy_shim.deepcopy(wrapped, mode) is None
+    plain = Forwarding(nn.Linear(2, 2))  # the inner module's __deepcopy__ is the shim's: not forwarded
+    copied = deepcopy_shim.deepcopy(plain, "strict")
+    assert type(copied) is Forwarding and copied.inner is not plain.inner

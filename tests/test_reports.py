@@ -516,3 +516,12 @@ def test_the_remedy_names_the_environment_variable() -> None:
     assert "Mode 'warn' is set by DEEPCOPY_SHIM=warn: DEEPCOPY_SHIM=silent copies" in message
     assert "DEEPCOPY_SHIM=strict refuses such copies" in message
     assert mode == "warn (from DEEPCOPY_SHIM=warn)"
+
+
+def test_a_tensor_under_two_names_is_named_by_the_first() -> None:
+    """The copy meets an aliased tensor under its first attribute, and so does the report."""
+    layer = nn.Linear(2, 2)
+    out = layer(torch.ones(1, 2))
+    layer.first = out
+    layer.second = out
+    assert [p for p, _ in deepcopy_shim.find_nonleaf_tensors(layer)] == ["first"]
