@@ -5,6 +5,13 @@ Usage: python .ci/tox_summary.py RESULT.json ENV [ENV ...]
 Every ENV named must appear in the result, have run pytest with exit status 0 and have at least
 one test passed; an environment that failed while installing, or in which pytest collected
 nothing ("no tests ran", exit status 5), fails the run.
+
+       python .ci/tox_summary.py --pytest-log LOG
+
+Prints the counts of pytest's last summary line in LOG (any text holding pytest's output, such
+as a tox log), tab-separated: passed, failed, skipped, xfailed, errors, then the summary line
+itself (empty, and all counts 0, when there is none).  This is how .ci/matrix reads its logs, so
+the one parser here (``pytest_summary``, ``counts``) serves both.
 """
 
 from __future__ import annotations
@@ -19,11 +26,24 @@ from typing import Any, Dict, List
 SUMMARY = re.compile(
     r"^=+ (.*(?:passed|failed|error|skipped|deselected|no tests ran).* in [0-9.]+s.*?) =+$", re.M
 )
+# The counts reported, in the order --pytest-log prints them; "errors" also matches "1 error".
+COUNTED = ("passed", "failed", "skipped", "xfailed", "errors")
 
 
-def _count(word: str, summary: str) -> int:
-    match = re.search(rf"(\d+) {word}\b", summary)
-    return int(match.group(1)) if match else 0
+def pytest_summary(output: str) -> str:
+    """pytest's last summary line in ``output`` ("12 passed, 1 skipped in 3.1s"), or ""."""
+    summaries = SUMMARY.findall(output)
+    return summaries[-1] if summaries else ""
+
+
+def counts(summary: str) -> Dict[str, int]:
+    """The numbers of a summary line, one per word of ``COUNTED`` (0 for a word not there)."""
+    found = {}
+    for word in COUNTED:
+        pattern = r"errors?" if word == "errors" else word
+        match = re.search(rf"(?<![\w-])(\d+) {pattern}\b", summary)
+        found[word] = int(match.group(1)) if match else 0
+    return found
 
 
 _PROBE = (
@@ -52,7 +72,19 @@ def _versions(name: str, env: Dict[str, Any], work_dir: str) -> str:
     return f"torch {torch or '?'}, wrapt {wrapt or '?'}, Python {python or '?'}"
 
 
+def pytest_log(path: str) -> int:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        summary = pytest_summary(handle.read())
+    found = counts(summary)
+    print("\t".join([*(str(found[word]) for word in COUNTED), summary]))
+    return 0
+
+
 def main(argv: List[str]) -> int:
+    if argv[:1] == ["--pytest-log"]:
+        if len(argv) != 2:
+            sys.exit("usage: tox_summary.py --pytest-log LOG")
+        return pytest_log(argv[1])
     path, expected = argv[0], argv[1:]
     work_dir = os.path.dirname(os.path.abspath(path))
     with open(path, encoding="utf-8") as handle:
@@ -66,10 +98,9 @@ def main(argv: List[str]) -> int:
             failures += 1
             continue
         output = "".join(command.get("output", "") for command in commands)
-        summaries = SUMMARY.findall(output)
-        summary = summaries[-1] if summaries else "no pytest summary line"
+        summary = pytest_summary(output) or "no pytest summary line"
         retcodes = [command.get("retcode") for command in commands]
-        ok = all(code == 0 for code in retcodes) and _count("passed", summary) > 0
+        ok = all(code == 0 for code in retcodes) and counts(summary)["passed"] > 0
         print(f"{'PASS' if ok else 'FAIL'} {name} ({_versions(name, env, work_dir)}): {summary}")
         failures += not ok
     print(f"tox: {len(expected) - failures} of {len(expected)} environments passed")
