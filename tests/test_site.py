@@ -98,13 +98,11 @@ def _offending(site: Dict[str, _Page], pattern: re.Pattern[str]) -> List[str]:
     return found
 
 
-@pytest.mark.xfail(strict=False, reason="docstrings converted in the core rewrite")
 def test_no_raw_sphinx_roles(site: Dict[str, _Page]) -> None:
     found = _offending(site, ROLE)
     assert not found, f"{len(found)} raw Sphinx roles in the rendered site:\n" + "\n".join(found[:40])
 
 
-@pytest.mark.xfail(strict=False, reason="docstrings converted in the core rewrite")
 def test_no_literal_double_colon_in_prose(site: Dict[str, _Page]) -> None:
     found = _offending(site, re.compile(r"::"))
     assert not found, f"{len(found)} literal '::' in the rendered prose:\n" + "\n".join(found[:40])
