@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import List, Optional
@@ -211,3 +213,44 @@ def test_version() -> None:
                     [Path(DEV_PYTHON).parent / "deepcopy-shim", "--version"]):
         proc = run(command, clean_env())
         assert proc.returncode == 0 and proc.stdout == f"deepcopy-shim {deepcopy_shim.__version__}\n"
+
+
+# --- the same, in this process (the runner's decisions, without a child interpreter) ---------
+
+
+@pytest.mark.parametrize(("args", "status", "stream", "text"), [
+    (["--version"], 0, "out", "deepcopy-shim "),
+    (["-h"], 0, "out", "usage: python -m deepcopy_shim"),
+    ([], 2, "err", "deepcopy_shim: no program given"),
+    (["--mode"], 2, "err", "deepcopy_shim: --mode needs a value"),
+    (["--mode=loud", "x.py"], 2, "err", "deepcopy_shim: invalid --mode value 'loud'"),
+    (["-m"], 2, "err", "deepcopy_shim: -m needs a module name"),
+    (["--", "missing.py"], 2, "err", "deepcopy_shim: can't open file 'missing.py'"),
+])
+def test_run_in_process(args: List[str], status: int, stream: str, text: str,
+                        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                        tmp_path: Path) -> None:
+    from deepcopy_shim import _runner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DEEPCOPY_SHIM", raising=False)
+    assert _runner.run(args) == status
+    out, err = capsys.readouterr()
+    assert (out if stream == "out" else err).startswith(text)
+
+
+def test_run_a_script_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deepcopy_shim
+    from deepcopy_shim import _runner
+
+    script = tmp_path / "prog.py"
+    script.write_text("print('ran')\n")
+    monkeypatch.setattr(sys, "argv", ["deepcopy-shim"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("DEEPCOPY_SHIM", "silent")
+    assert _runner.run([str(script), "a"]) == 0
+    assert deepcopy_shim.current_mode() == ("silent", "environment", "DEEPCOPY_SHIM={}")
+    monkeypatch.setenv("DEEPCOPY_SHIM", "off")
+    assert _runner.run(["--mode", "strict", str(script)]) == 0
+    assert str(deepcopy_shim.current_mode()) == "strict (from --mode strict)"
+    assert sys.argv == [str(script)] and os.environ["DEEPCOPY_SHIM"] == "strict"
