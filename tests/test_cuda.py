@@ -73,6 +73,21 @@ def test_no_host_round_trip() -> None:
     assert not [n for n in names if "DtoH" in n or "aten::_to_cpu" in n or n == "aten::cpu"], names
 
 
+def test_a_copy_made_on_a_side_stream_is_right_on_the_default_stream() -> None:
+    model = Cached().cuda()
+    model(torch.randn(64, 4, device="cuda"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the source is complete before the copy
+    with torch.cuda.stream(side), deepcopy_shim.enabled("silent"):
+        copied = copy.deepcopy(model)
+    torch.cuda.current_stream().wait_stream(side)  # and the copy before it is used here
+    assert torch.equal(copied.last, model.last.detach())
+    for p_src, p_dst in zip(model.parameters(), copied.parameters()):
+        assert torch.equal(p_dst, p_src)
+    x = torch.randn(8, 4, device="cuda")
+    assert torch.equal(copied(x), model(x))
+
+
 @pytest.mark.parametrize("name", ["tensors_of_every_kind", "tied_shared_cycles",
                                   "hooks_of_every_kind", "lstm_after_forward", "transformer_small"])
 def test_fidelity_on_cuda(name: str) -> None:
