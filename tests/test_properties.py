@@ -19,7 +19,6 @@ pyro's.  For every example:
 from __future__ import annotations
 
 import copy
-import ctypes
 import functools
 import warnings
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import torch.nn as nn
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.graphdiff import GraphDiff
+from support.models import ObjectIdMemo
 
 import deepcopy_shim
 
@@ -89,18 +89,6 @@ WRAPPERS: Dict[str, type] = {
     "fresh_copy": StartsAFreshCopy, "reduce_without": ReducesWithoutHidden,
     "getstate_without": GetstateWithoutHidden, "module": Holder,
 }
-
-
-class ObjectIdMemo(dict):  # type: ignore[type-arg]
-    """pyro's detach() memo: ``get`` resolves a missing key as an object id (a ctypes cast)."""
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        result = super().get(key, default)
-        if result is default:
-            old = ctypes.cast(key, ctypes.py_object).value
-            if isinstance(old, torch.Tensor):
-                self[key] = result = old.detach()
-        return result
 
 
 MEMOS: Dict[str, Callable[[], Optional[Dict[int, Any]]]] = {

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-import ctypes
 import functools
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 from support.lines import marked_line
-from support.models import CachedActivationsNet, native_refuses, resolve, with_history
+from support.models import CachedActivationsNet, ObjectIdMemo, native_refuses, resolve, with_history
 
 import deepcopy_shim
 from deepcopy_shim import DeepcopyShimWarning, DetachedTensorsWarning, NonLeafTensorError
@@ -257,19 +256,6 @@ def test_only_what_the_copy_meets_is_reported() -> None:
     (w,) = warned(lambda: deepcopy_shim.deepcopy(obj, "warn"))
     assert w.message.paths == ("['posterior']['loc']", "['posterior']['scale']")
     assert refusal(lambda: deepcopy_shim.deepcopy(obj, "strict")).paths == w.message.paths
-
-
-class ObjectIdMemo(dict):  # type: ignore[type-arg]
-    """pyro's ``detach()`` memo: ``get`` treats every key as an object id (ctypes cast) and hands
-    out detached aliases of tensors, so the copy never meets a non-leaf tensor itself."""
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        result = super().get(key, default)
-        if result is default:
-            old = ctypes.cast(key, ctypes.py_object).value
-            if isinstance(old, torch.Tensor):
-                self[key] = result = old.detach()
-        return result
 
 
 def test_strict_works_with_a_memo_that_supplies_detached_tensors() -> None:
