@@ -189,8 +189,8 @@ class enabled:
 
     def _fresh(self) -> enabled:
         # Each call gets a scope of its own: concurrent calls must not share one token stack.
-        fresh = enabled.__new__(enabled)
-        fresh.mode, fresh._setting, fresh._tokens = self.mode, self._setting, []
+        fresh = copy.copy(self)
+        fresh._tokens = []
         return fresh
 
     def __repr__(self) -> str:

@@ -192,9 +192,9 @@ def record_for(memo: Any, setting: ModeSetting, tensor: torch.Tensor) -> Optiona
     """
     if setting.mode is Mode.SILENT:
         return None
-    keep = _protocol.own_get(memo, id(memo))
-    if type(keep) is _KeepAlive and keep.record.setting is setting and not keep.record.closed:
-        return keep.record
+    record = _open_record(memo)
+    if record is not None and record.setting is setting:
+        return record
     frames = _deepcopy_frames(sys._getframe(1))
     root_frame, root_memo = _root_of(frames, memo, setting)
     if root_frame is None:
@@ -202,12 +202,10 @@ def record_for(memo: Any, setting: ModeSetting, tensor: torch.Tensor) -> Optiona
         # written in C); the tensor is all there is to report.
         return CopyRecord(tensor, setting, immediate=True)
     root = root_frame.f_locals[_protocol.X_LOCAL]
-    existing = _protocol.own_get(root_memo, id(root_memo))
-    if type(existing) is _KeepAlive and existing.record.setting is setting and not existing.record.closed:
-        record = existing.record
-    elif not _closes(root_memo):
-        return CopyRecord(root, setting, immediate=True)
-    else:
+    record = _open_record(root_memo)
+    if record is None or record.setting is not setting:  # the copy's first tensor to report
+        if not _closes(root_memo):
+            return CopyRecord(root, setting, immediate=True)
         record = CopyRecord(root, setting, immediate=False)
         _install(root_memo, record, root_frame)
     if memo is not root_memo:
@@ -223,6 +221,14 @@ def path_here(memo: Any, tensor: torch.Tensor, setting: ModeSetting) -> str:
     record = CopyRecord(frames[0].f_locals[_protocol.X_LOCAL], setting, immediate=True)
     record.meet(tensor, sys._getframe(1))
     return record.entries()[0].label
+
+
+def _open_record(memo: Any) -> Optional[CopyRecord]:
+    """The record still open in `memo`'s keep-alive slot, if any."""
+    keep = _protocol.own_get(memo, id(memo))
+    if type(keep) is _KeepAlive and not keep.record.closed:
+        return keep.record
+    return None
 
 
 def _install(memo: Any, record: CopyRecord, root_frame: Any) -> None:
@@ -262,8 +268,8 @@ def _root_of(frames: List[Any], memo: Any, setting: ModeSetting) -> Tuple[Any, A
         return None, None
     outer = frames[0]
     outer_memo = outer.f_locals[_protocol.MEMO_LOCAL]
-    keep = _protocol.own_get(outer_memo, id(outer_memo))
-    if type(keep) is not _KeepAlive or keep.record.setting is setting or keep.record.closed:
+    reporting = _open_record(outer_memo)
+    if reporting is None or reporting.setting is setting:
         return outer, outer_memo
     for frame in frames:
         if frame.f_locals[_protocol.MEMO_LOCAL] is memo:

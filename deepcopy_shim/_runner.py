@@ -119,7 +119,7 @@ def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
             mode = parse_mode(explicit, "--mode value")
         except ModeValueError as exc:
             raise _UsageError(str(exc).replace("deepcopy_shim: ", "", 1)) from None
-        return None if mode is None else ModeSetting(mode, Source.RUNNER, "--mode {}")
+        return None if mode is None else _from_runner(mode)
     value = os.environ.get(ENV_VAR, "")
     try:
         from_environment = environment_setting(value)
@@ -129,7 +129,11 @@ def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
             "pass --mode MODE, which overrides it"
         ) from None
     # An off value in the environment does not stop the runner: running it is the request.
-    return from_environment or ModeSetting(Mode.WARN, Source.RUNNER, "--mode {}")
+    return from_environment or _from_runner(Mode.WARN)
+
+
+def _from_runner(mode: Mode) -> ModeSetting:
+    return ModeSetting(mode, Source.RUNNER, "--mode {}")
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:

@@ -203,7 +203,7 @@ def test_broken_package_never_breaks_startup(venv: Venv, tmp_path: Path) -> None
     proc = run_code(venv.python, "print('program ran')", env)
     assert proc.returncode == 0 and proc.stdout == "program ran\n", describe(proc)
     (line,) = proc.stderr.splitlines()
-    assert line.startswith("deepcopy_shim: DEEPCOPY_SHIM is set but activation failed "
+    assert line.startswith("deepcopy_shim: start-up activation by DEEPCOPY_SHIM failed "
                            "(ImportError: simulated broken install)"), line
 
 

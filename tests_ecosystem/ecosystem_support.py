@@ -22,6 +22,7 @@ the shim's three modes, and checks every mode's report against the contract:
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -548,3 +549,17 @@ def assert_like_native(copied: Any, native: Any) -> None:
         assert list(ours) == list(theirs)
         for key in theirs:
             assert torch.equal(ours[key], theirs[key]), key
+
+
+class CopiesUnreachable:
+    """A custom ``__deepcopy__`` that copies a tensor no attribute leads to (held in a closure;
+    deepcopy treats functions as atoms)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.get = lambda: tensor
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> CopiesUnreachable:
+        new = CopiesUnreachable.__new__(CopiesUnreachable)
+        copied = copy.deepcopy(self.get(), memo)
+        new.get = lambda: copied
+        return new

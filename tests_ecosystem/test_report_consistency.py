@@ -18,9 +18,11 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import torch
 from ecosystem_support import (
+    CopiesUnreachable,
     assert_stable_path,
     native_met,
     native_outcome,
@@ -44,20 +46,6 @@ class Hides:
 
     def __deepcopy__(self, memo):
         return None
-
-
-class CopiesUnreachable:
-    """A custom ``__deepcopy__`` that copies a tensor no attribute leads to (held in a closure;
-    deepcopy treats functions as atoms)."""
-
-    def __init__(self, tensor):
-        self.get = lambda: tensor
-
-    def __deepcopy__(self, memo):
-        new = CopiesUnreachable.__new__(CopiesUnreachable)
-        copied = copy.deepcopy(self.get(), memo)
-        new.get = lambda: copied
-        return new
 
 
 class Bag:
@@ -206,18 +194,10 @@ def test_hidden_tensors_stay_hidden_and_shared_ones_are_met_once():
 
 # The paths that no Python access spells: built the same way here and in a fresh interpreter.
 UNSPELLABLE = textwrap.dedent("""
-    import collections, copy, torch
+    import collections, torch
     from torch import nn
     import deepcopy_shim
-
-    class CopiesUnreachable:
-        def __init__(self, tensor):
-            self.get = lambda: tensor
-        def __deepcopy__(self, memo):
-            new = CopiesUnreachable.__new__(CopiesUnreachable)
-            copied = copy.deepcopy(self.get(), memo)
-            new.get = lambda: copied
-            return new
+    from ecosystem_support import CopiesUnreachable
 
     def scenarios():
         model = nn.Linear(2, 2)
@@ -258,6 +238,7 @@ def test_unspellable_paths_say_why_and_are_stable_across_processes():
         assert [p for p, _ in found] == EXPECTED_UNSPELLABLE[name]
         assert all(split_path(p)[1] is not None for p, _ in found)
     env = {k: v for k, v in os.environ.items() if k != "DEEPCOPY_SHIM"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     child = subprocess.run(
         [sys.executable, "-c", UNSPELLABLE + "\nimport json; print(json.dumps(paths()))"],
         capture_output=True, text=True, env=env, timeout=120)
