@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import copy
 import functools
-from contextvars import Token
+import sys
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 from . import _modes, _patch
 from ._modes import Mode, ModeSetting, Source
-from ._warnings import NonLeafTensorError
 
 if TYPE_CHECKING:
     import torch
@@ -26,19 +25,27 @@ __all__ = [
     "is_enabled",
     "scope",
     "set_global",
+    "written",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _T = TypeVar("_T")
-ModeLike = Union[Mode, str, bool]
+ModeLike = Union[Mode, str, bool, int]
+
+
+def written(value: ModeLike) -> str:
+    """`value` as a user writes it in code: `'warn'`, `True`, `deepcopy_shim.Mode.STRICT`."""
+    if isinstance(value, Mode):
+        return f"deepcopy_shim.Mode.{value.name}"
+    return repr(value)
 
 
 def enable(mode: ModeLike = "warn") -> None:
     """Make every `copy.deepcopy` in the process use the shim, in `mode`.
 
     `mode` takes the vocabulary of every door: `"warn"`, `"strict"` or `"silent"` (a
-    `Mode` or its name, any case); `True`, `"on"`, `"1"`, `"true"` or `"yes"` mean
-    `warn`; `False`, `"off"`, `"0"`, `"false"` or `"no"` mean `disable()`.
+    `Mode` or its name, any case); `True`, `1`, `"on"`, `"1"`, `"true"` or `"yes"` mean
+    `warn`; `False`, `0`, `"off"`, `"0"`, `"false"` or `"no"` mean `disable()`.
 
     Idempotent: a second call only changes the mode; the patch is never applied twice.  If torch
     is not imported yet, the patch is applied when it is (this call does not import torch).
@@ -48,11 +55,12 @@ def enable(mode: ModeLike = "warn") -> None:
         RuntimeError: the patch cannot be installed (another patch owns
             `nn.Module.__deepcopy__`); nothing changes.
     """
-    setting = _modes.parse_mode(mode)
-    if setting is None:
+    parsed = _modes.parse_mode(mode)
+    if parsed is None:
         disable()
         return
-    set_global(ModeSetting(setting, Source.CODE, "deepcopy_shim.enable({!r})"))
+    set_global(ModeSetting(parsed, Source.CODE, f"deepcopy_shim.enable({written(mode)})",
+                           "deepcopy_shim.enable({!r})"))
 
 
 def set_global(setting: Optional[ModeSetting]) -> None:
@@ -86,27 +94,33 @@ def is_enabled() -> bool:
     """True if a deep copy made now, in this thread or task, would use the shim.
 
     That is: after `enable()`, or inside an `enabled` scope (even before torch is
-    imported, when the patch is still waiting for `import torch`).  `current_mode()` also
-    says which mode and where it was set.
+    imported, when the patch is still waiting for `import torch`), unless the shim stays out
+    of the way because this torch does not refuse non-leaf tensors as expected (a
+    `TorchCompatibilityWarning` said so).  `current_mode()` also says which mode and where
+    it was set.
     """
-    return _modes.current_setting() is not None
+    return current_mode() is not None
 
 
 def current_mode() -> Optional[ModeSetting]:
     """The mode in effect for a copy made now in this thread or task, and where it was set.
 
-    Returns `None` when copies behave natively, else a `ModeSetting`:
-    `mode` (a `Mode`), `source` (a `Source`: code, scope, environment,
-    runner or pytest) and `how`, the setting as written; `str()` of it reads
-    `"strict (from DEEPCOPY_SHIM=strict)"`.
+    Returns `None` when copies behave natively (no mode set here, or the shim stays out of
+    the way on this torch), else a `ModeSetting`: `mode` (a `Mode`), `source` (a
+    `Source`: code, scope, environment, runner or pytest) and `how`, the setting as
+    written; `str()` of it reads `"strict (from DEEPCOPY_SHIM=strict)"`.
     """
+    if _patch.inert_reason() is not None:
+        return None
     return _modes.current_setting()
 
 
 class enabled:
     """Use the shim in `mode` for the current thread or async task only.
 
-    One object, three uses (like `time_machine.travel`):
+    One object, three uses, like time-machine's `travel`
+    ([time-machine](https://time-machine.readthedocs.io/): a context manager, a decorator, and
+    `start()`/`stop()`):
 
     ```python
     with deepcopy_shim.enabled("strict"):
@@ -121,38 +135,63 @@ class enabled:
     `mode` takes the vocabulary of `enable()`; an off word makes a scope in which copies
     behave natively even while the shim is enabled globally.  On exit the previous state is
     restored exactly; scopes nest, the innermost wins, and the global mode is never touched.
-    Other threads are unaffected.
+    A copy made inside the scope is a copy of its own, also when the scope is entered inside
+    another copy's `__deepcopy__`.
+
+    One object may be entered by several threads and tasks at once, in any order: each thread
+    or task leaves the scopes it entered, innermost first (a `stop()` for a scope entered
+    earlier in the same thread or task leaves that one).  Decorating a function gives each call
+    a scope of its own (sync or async); decorating a `unittest.TestCase` subclass decorates its
+    test methods, `setUp`/`tearDown` (and their async and class-level forms) that the class
+    defines.
 
     Raises:
         ValueError: `mode` is not in the vocabulary (at construction).
-        RuntimeError: `stop()` without a matching `start()`.
+        RuntimeError: `stop()` in a thread or task that entered no scope of this object.
+        TypeError: decorating a generator function, or a class that is not a `TestCase`.
     """
 
     def __init__(self, mode: ModeLike = "warn") -> None:
-        self._init(mode, Source.SCOPE, "deepcopy_shim.enabled({!r})")
+        self._init(mode, Source.SCOPE, f"deepcopy_shim.enabled({written(mode)})",
+                   "deepcopy_shim.enabled({!r})")
 
-    def _init(self, mode: ModeLike, source: Source, how: str) -> None:
+    def _init(self, mode: ModeLike, source: Source, how: str, template: str) -> None:
         parsed = _modes.parse_mode(mode)
-        self.mode: Optional[Mode] = parsed
-        self._setting = None if parsed is None else ModeSetting(parsed, source, how)
-        self._tokens: List[Token[Optional[ModeSetting]]] = []
+        self._setting = None if parsed is None else ModeSetting(parsed, source, how, template)
+
+    @property
+    def mode(self) -> Optional[Mode]:
+        """The scope's mode (None: copies behave natively in it); fixed at construction."""
+        return self._setting.mode if self._setting is not None else None
 
     def start(self) -> None:
-        """Enter the scope (installing the patch if this is its first user)."""
+        """Enter the scope in this thread or task (installing the patch for its first user)."""
+        self._enter(sys._getframe(1))
+
+    def _enter(self, boundary: Any) -> None:
         if self._setting is not None:
             _patch.acquire()
-        self._tokens.append(_modes.push_scope(self._setting))
+        try:
+            _modes.push_scope(self, self._setting, boundary)
+        except BaseException:  # pragma: no cover - pushing a scope allocates one object
+            if self._setting is not None:
+                _patch.release()
+            raise
 
     def stop(self) -> None:
-        """Leave the scope entered by the latest `start()` (same thread or task)."""
-        if not self._tokens:
-            raise RuntimeError("deepcopy_shim.enabled.stop() called without a matching start()")
-        _modes.pop_scope(self._tokens.pop())
-        if self._setting is not None:
-            _patch.release()
+        """Leave the innermost scope of this object that this thread or task entered.
+
+        Its user of the patch is released even if anything else fails.
+        """
+        left = _modes.pop_scope(self)
+        try:
+            _scope_ended(left.boundary)
+        finally:
+            if left.setting is not None:
+                _patch.release()
 
     def __enter__(self) -> enabled:
-        self.start()
+        self._enter(sys._getframe(1))
         return self
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
@@ -160,14 +199,17 @@ class enabled:
         self.stop()
 
     def __call__(self, func: _F) -> _F:
-        """Decorate `func` (sync or async) so that each call runs in its own scope.
+        """Decorate `func` (sync or async) so that each call runs in its own scope, or a
+        `unittest.TestCase` subclass (see the class docstring); returns the decorated object.
 
         Raises:
-            TypeError: `func` is a generator function: its body runs when iterated, outside
-                any scope the call could set up, so decorating it would silently do nothing.
+            TypeError: `func` is a generator function (its body runs when iterated, outside
+                any scope the call could set up), or a class that is not a `TestCase`.
         """
         import inspect  # here, not at module level: it is a third of this package's import time
 
+        if isinstance(func, type):
+            return self._decorate_test_case(func)  # type: ignore[return-value]
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
             raise TypeError(
                 f"deepcopy_shim.enabled cannot decorate the generator function {func.__qualname__}: "
@@ -177,21 +219,48 @@ class enabled:
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with scope._fresh():
+                scope._enter(sys._getframe(0))
+                try:
                     return await func(*args, **kwargs)
+                finally:
+                    scope.stop()
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with scope._fresh():
+            scope._enter(sys._getframe(0))
+            try:
                 return func(*args, **kwargs)
+            finally:
+                scope.stop()
         return wrapper  # type: ignore[return-value]
 
-    def _fresh(self) -> enabled:
-        # Each call gets a scope of its own: concurrent calls must not share one token stack.
-        fresh = copy.copy(self)
-        fresh._tokens = []
-        return fresh
+    def _decorate_test_case(self, cls: type) -> type:
+        import inspect
+        import unittest
+
+        if not issubclass(cls, unittest.TestCase):
+            raise TypeError(
+                f"deepcopy_shim.enabled can decorate functions and unittest.TestCase subclasses, "
+                f"not the class {cls.__qualname__}: decorate its methods, or use "
+                "`with deepcopy_shim.enabled(...):` inside them."
+            )
+        prefix = unittest.TestLoader.testMethodPrefix
+        hooks = ("setUp", "tearDown", "asyncSetUp", "asyncTearDown")
+        for name in dir(cls):
+            if not (name.startswith(prefix) or name in hooks or name in ("setUpClass", "tearDownClass")):
+                continue
+            owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+            if owner is None or owner.__module__.split(".")[0] == "unittest":
+                continue  # unittest's own empty hooks
+            raw = inspect.getattr_static(cls, name)
+            if isinstance(raw, classmethod):
+                setattr(cls, name, classmethod(self(raw.__func__)))
+            elif isinstance(raw, staticmethod):
+                setattr(cls, name, staticmethod(self(raw.__func__)))
+            elif inspect.isfunction(raw) and not inspect.isgeneratorfunction(raw):
+                setattr(cls, name, self(raw))
+        return cls
 
     def __repr__(self) -> str:
         return f"deepcopy_shim.enabled(mode={self.mode.value if self.mode else 'off'!r})"
@@ -200,30 +269,53 @@ class enabled:
 enabled.__module__ = "deepcopy_shim"
 
 
-def scope(mode: ModeLike, source: Source, how: str) -> enabled:
-    """An `enabled` scope whose setting says it came from `source`, written `how`
-    (the pytest marker and fixture, the one-off `deepcopy()`)."""
+def _scope_ended(boundary: Any) -> None:
+    # Records exist only once the patch has copied something (torch imported).
+    record = sys.modules.get("deepcopy_shim._record")
+    if record is not None:
+        record.scope_ended(boundary)
+
+
+def scope(mode: ModeLike, source: Source, template: str) -> enabled:
+    """An `enabled` scope whose setting says it came from `source`, written as `template`
+    filled with `mode` as given (the pytest marker and fixture)."""
     made = enabled.__new__(enabled)
-    made._init(mode, source, how)
+    made._init(mode, source, template.format(mode), template)
     return made
 
 
 def deepcopy(obj: _T, mode: ModeLike = "warn") -> _T:
     """Return `copy.deepcopy(obj)` made with the shim's semantics in `mode`.
 
+    A copy of its own wherever it is called, also inside another copy's `__deepcopy__`.
     Nothing is enabled globally: other threads keep their behaviour.  Mode `warn` emits one
     `DetachedTensorsWarning` when the copy is complete, naming every tensor it detached;
-    mode `strict` raises `NonLeafTensorError` naming every tensor the copy met that it would
-    have to detach (the copy is discarded); an off word makes a native copy.  `obj` is never
+    mode `strict` raises `NonLeafTensorError` at the first tensor with history, naming every
+    such tensor the copy would meet; an off word makes a native copy.  `obj` is never
     modified.
 
     Raises:
         ValueError: `mode` is not in the vocabulary.
-        NonLeafTensorError: mode `strict` and the copy met tensors with autograd history.
+        NonLeafTensorError: mode `strict` and the copy met a tensor with autograd history.
     """
-    with scope(mode, Source.SCOPE, "deepcopy_shim.deepcopy(obj, mode={!r})"):
-        memo: Dict[Any, Any] = {}
-        return copy.deepcopy(obj, memo)
+    parsed = _modes.parse_mode(mode)
+    setting = None if parsed is None else ModeSetting(
+        parsed, Source.SCOPE, f"deepcopy_shim.deepcopy(obj, mode={written(mode)})",
+        "deepcopy_shim.deepcopy(obj, mode={!r})")
+    owner = object()
+    if setting is not None:
+        _patch.acquire()
+    try:
+        entered = _modes.push_scope(owner, setting, sys._getframe(0))
+        try:
+            memo: Dict[Any, Any] = {}
+            return copy.deepcopy(obj, memo)
+        finally:
+            _modes.pop_scope(owner)
+            _scope_ended(entered.boundary)
+    finally:
+        if setting is not None:
+            _patch.release()
 
 
 def find_nonleaf_tensors(obj: Any) -> List[Tuple[str, torch.Tensor]]:
@@ -233,19 +325,37 @@ def find_nonleaf_tensors(obj: Any) -> List[Tuple[str, torch.Tensor]]:
     mode `warn` reports; `[]` if there are none (and when torch is not imported).
 
     The answer comes from the copy itself, so it follows `copy.deepcopy`'s protocol exactly:
-    tensors that a custom `__deepcopy__` or reduction leaves out are not listed.  That is
-    also its cost: `obj` is deep-copied once (as `deepcopy(obj, "strict")` does) and the
-    copy is discarded; `obj` is not modified.
+    tensors that a custom `__deepcopy__` or reduction leaves out are not listed.  The copy is
+    made with a stand-in for every tensor (on the meta device: no tensor data is copied) and
+    discarded; `obj` is not modified.  Code in `obj`'s own copy methods runs as in any copy.
+    Where that copy cannot be made without the tensors' data (a `__setstate__` that reads
+    values), the real copy is made once, in mode `warn`, and discarded.
 
     Raises:
         Exception: whatever else the copy of `obj` raises (an object that cannot be copied).
     """
-    import sys
-
     if "torch" not in sys.modules:
         return []
-    try:
-        deepcopy(obj, Mode.STRICT)
-    except NonLeafTensorError as refusal:
-        return list(zip(refusal.paths, refusal.tensors))
-    return []
+    from . import _survey
+
+    entries, error = _survey.run(obj, _survey.dry_memo(), _patch.holding)
+    if error is None:
+        return [(e.label, e.tensor) for e in entries]
+    return _found_by_copying(obj)
+
+
+def _found_by_copying(obj: Any) -> List[Tuple[str, torch.Tensor]]:
+    import warnings
+
+    from ._warnings import DetachedTensorsWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        deepcopy(obj, Mode.WARN)
+    found: List[Tuple[str, torch.Tensor]] = []
+    for seen in caught:
+        if isinstance(seen.message, DetachedTensorsWarning):
+            found.extend(zip(seen.message.paths, seen.message.tensors))
+        else:  # not ours: shown as it would have been
+            warnings.warn_explicit(seen.message, seen.category, seen.filename, seen.lineno)
+    return found

@@ -30,7 +30,9 @@ def environment_setting(value: str) -> Optional[ModeSetting]:
     Raises `ValueError` whose message names the variable, the bad value and the valid ones.
     """
     mode = parse_mode(value, f"{ENV_VAR} value")
-    return None if mode is None else ModeSetting(mode, Source.ENVIRONMENT, ENV_VAR + "={}")
+    if mode is None:
+        return None
+    return ModeSetting(mode, Source.ENVIRONMENT, f"{ENV_VAR}={value.strip()}", ENV_VAR + "={}")
 
 
 def startup_failure(exc: BaseException, what: str) -> str:

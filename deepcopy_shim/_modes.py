@@ -2,9 +2,9 @@
 
 The global setting is made by `deepcopy_shim.enable()` (and by the environment, the runner
 and the pytest option, which call it); `deepcopy_shim.enabled` and
-`deepcopy_shim.deepcopy()` override it for the current thread or async task only, through a
-context variable.  Every setting remembers where it came from, so that messages can say how to
-change it.  Nothing here imports torch.
+`deepcopy_shim.deepcopy()` override it for the current thread or async task only.  Every
+setting remembers how it was written, so that messages can say how to change it.  Nothing here
+imports torch.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextvars
 import enum
 import threading
-from typing import NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 __all__ = [
     "OFF_WORDS",
@@ -20,7 +20,9 @@ __all__ = [
     "Mode",
     "ModeSetting",
     "ModeValueError",
+    "Scope",
     "Source",
+    "current_scope",
     "current_setting",
     "global_setting",
     "parse_mode",
@@ -40,7 +42,8 @@ class Mode(str, enum.Enum):
 
     - `WARN`: copy it as a detached leaf; when the copy is complete, emit one
       `DetachedTensorsWarning` naming every tensor it detached.
-    - `STRICT`: refuse the copy with `NonLeafTensorError`, naming every such tensor met.
+    - `STRICT`: refuse it where torch refuses it, with `NonLeafTensorError`, naming every
+      such tensor the copy would meet.
     - `SILENT`: copy it as a detached leaf without a word.
 
     A mode is also a `str` (`Mode.WARN == "warn"`), so either form is accepted everywhere.
@@ -91,27 +94,54 @@ class Source(str, enum.Enum):
         return self.value
 
 
-class ModeSetting(NamedTuple):
+class ModeSetting:
     """The mode in effect and where it came from, as `deepcopy_shim.current_mode()` says.
 
-    `how` is the setting as the user wrote it, with `{}` where the mode goes
-    (`"DEEPCOPY_SHIM={}"`, `"deepcopy_shim.enable({!r})"`); `spelled()` fills it in,
-    which is how messages say exactly what to write instead.
+    `mode` is a `Mode`, `source` a `Source`, and `how` the setting as it was written
+    (`"DEEPCOPY_SHIM=on"`, `"deepcopy_shim.enable(True)"`); `spelled(mode)` writes the same
+    setting for another mode (`"DEEPCOPY_SHIM=silent"`), which is how messages say exactly
+    what to write instead.  Settings compare equal when mode, source and `how` are equal.
     """
+
+    __slots__ = ("mode", "source", "how", "_template")
+    __module__ = "deepcopy_shim"
 
     mode: Mode
     source: Source
     how: str
+    _template: str
+
+    def __init__(self, mode: Mode, source: Source, how: str, template: Optional[str] = None) -> None:
+        # `template` has `{}` where the mode goes; None: `how` is that template filled with
+        # this mode's name.
+        object.__setattr__(self, "mode", Mode.parse(mode))
+        object.__setattr__(self, "source", Source(source))
+        object.__setattr__(self, "_template", how if template is None else template)
+        object.__setattr__(self, "how", how.format(self.mode.value) if template is None else how)
 
     def spelled(self, mode: Union[Mode, str, None] = None) -> str:
-        """This setting as written for `mode` (default: its own), e.g. `DEEPCOPY_SHIM=silent`."""
-        return self.how.format(Mode.parse(mode).value if mode is not None else self.mode.value)
+        """This setting as written for `mode` (default: as written), e.g. `DEEPCOPY_SHIM=silent`."""
+        if mode is None:
+            return self.how
+        return self._template.format(Mode.parse(mode).value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"ModeSetting is read-only: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ModeSetting):
+            return NotImplemented
+        return (self.mode, self.source, self.how) == (other.mode, other.source, other.how)
+
+    def __hash__(self) -> int:
+        return hash((self.mode, self.source, self.how))
+
+    def __repr__(self) -> str:
+        return (f"ModeSetting(mode={self.mode.value!r}, source={self.source.value!r}, "
+                f"how={self.how!r})")
 
     def __str__(self) -> str:
-        return f"{self.mode.value} (from {self.spelled()})"
-
-
-ModeSetting.__module__ = "deepcopy_shim"
+        return f"{self.mode.value} (from {self.how})"
 
 
 class ModeValueError(ValueError):
@@ -119,23 +149,23 @@ class ModeValueError(ValueError):
 
 
 def valid_values() -> str:
-    """The accepted spellings, in words, for messages."""
+    """The accepted spellings, in words, for messages and help texts."""
     modes = ", ".join(m.value for m in Mode)
     return f"{modes}; {', '.join(ON_WORDS)} (warn); {', '.join(OFF_WORDS[:-1])} (off)"
 
 
-def parse_mode(value: Union[Mode, str, bool], what: str = "mode") -> Optional[Mode]:
+def parse_mode(value: Union[Mode, str, bool, int], what: str = "mode") -> Optional[Mode]:
     """The mode `value` names, or `None` for off: the vocabulary of every door.
 
-    A `Mode` or its name (any case, surrounding blanks ignored); `True` or an on word
-    (`1`, `true`, `on`, `yes`) for `warn`; `False`, an off word (`0`, `false`,
-    `off`, `no`) or a blank string for off.  Raises `ModeValueError` (a
-    `ValueError`) naming `what` was bad (`"mode"`, `"DEEPCOPY_SHIM value"`), the value
-    and the valid ones.
+    A `Mode` or its name (any case, surrounding blanks ignored); `True`, `1` or an on
+    word (`"1"`, `"true"`, `"on"`, `"yes"`) for `warn`; `False`, `0`, an off word
+    (`"0"`, `"false"`, `"off"`, `"no"`) or a blank string for off.  Raises
+    `ModeValueError` (a `ValueError`) naming `what` was bad (`"mode"`, `"DEEPCOPY_SHIM
+    value"`), the value and the valid ones.
     """
     if isinstance(value, Mode):
         return value
-    if isinstance(value, bool):
+    if isinstance(value, (bool, int)) and value in (0, 1):  # True/False are 1/0
         return Mode.WARN if value else None
     if isinstance(value, str):
         word = value.strip().lower()
@@ -146,32 +176,59 @@ def parse_mode(value: Union[Mode, str, bool], what: str = "mode") -> Optional[Mo
         for mode in Mode:
             if word == mode.value:
                 return mode
-    raise ModeValueError(f"deepcopy_shim: invalid {what} {value!r}; valid values are {valid_values()}")
+    raise ModeValueError(
+        f"deepcopy_shim: invalid {what} {value!r}; valid values are {valid_values()} "
+        "(as strings in any case; also True/False, 1/0 and deepcopy_shim.Mode members)"
+    )
 
 
-# The scope value for "off inside this scope", distinct from "no scope" (None).
-OFF = ModeSetting(Mode.SILENT, Source.SCOPE, "off")
+class Scope:
+    """One entry into a scope, in one thread or task: immutable, linked to the one it nests in.
+
+    `setting` is None for a scope in which copies behave natively.  `boundary` is the frame
+    that entered the scope: a copy made inside it is a top-level copy of its own, even when
+    the scope was entered inside another copy (see `_record`).  `survey` is set inside the
+    shim's own data-free walk (see `_survey`) and inherited by scopes entered during it.
+    """
+
+    __slots__ = ("owner", "setting", "boundary", "outer", "survey")
+
+    def __init__(self, owner: object, setting: Optional[ModeSetting], boundary: Any,
+                 outer: Optional[Scope], survey: Any = None) -> None:
+        self.owner = owner
+        self.setting = setting
+        self.boundary = boundary
+        self.outer = outer
+        self.survey: Any = survey if survey is not None else (outer.survey if outer is not None else None)
+
 
 _global: Optional[ModeSetting] = None
 # Guards read-modify-write of the global setting only; never held while anything is imported
 # or installed (see _activation).
 _global_lock = threading.Lock()
-# A context variable, not a thread-local: it follows asyncio tasks as well as threads, and a new
-# thread starts outside every scope, which is the isolation `enabled()` promises.
-_scoped: contextvars.ContextVar[Optional[ModeSetting]] = contextvars.ContextVar(
-    "deepcopy_shim_mode", default=None
+# The innermost scope of this thread or task.  A context variable, not a thread-local: it
+# follows asyncio tasks as well as threads, and a new thread starts outside every scope, which
+# is the isolation `enabled()` promises.  Scopes are a linked list rather than contextvars
+# tokens: a token can only be reset in the context that made it, and one `enabled` object is
+# shared by threads and tasks that enter and leave it in any order.
+_scoped: contextvars.ContextVar[Optional[Scope]] = contextvars.ContextVar(
+    "deepcopy_shim_scope", default=None
 )
 
 
 def current_setting() -> Optional[ModeSetting]:
     """The setting that applies to a copy made now in this thread/task; None: native behaviour."""
-    scoped = _scoped.get()
-    if scoped is None:
-        return _global
-    return None if scoped is OFF else scoped
+    scope = _scoped.get()
+    return _global if scope is None else scope.setting
+
+
+def current_scope() -> Optional[Scope]:
+    """The innermost scope of this thread or task (None: the global setting applies)."""
+    return _scoped.get()
 
 
 def global_setting() -> Optional[ModeSetting]:
+    """The process-wide setting made by `enable()` and the doors that call it."""
     return _global
 
 
@@ -183,10 +240,33 @@ def swap_global(setting: Optional[ModeSetting]) -> Optional[ModeSetting]:
     return previous
 
 
-def push_scope(setting: Optional[ModeSetting]) -> contextvars.Token[Optional[ModeSetting]]:
-    """Enter a scope in which `setting` applies (`None`: the shim is off in it)."""
-    return _scoped.set(OFF if setting is None else setting)
+def push_scope(owner: object, setting: Optional[ModeSetting], boundary: Any,
+               survey: Any = None) -> Scope:
+    """Enter a scope of `owner` in this thread or task (`setting` None: off in it)."""
+    scope = Scope(owner, setting, boundary, _scoped.get(), survey)
+    _scoped.set(scope)
+    return scope
 
 
-def pop_scope(token: contextvars.Token[Optional[ModeSetting]]) -> None:
-    _scoped.reset(token)
+def pop_scope(owner: object) -> Scope:
+    """Leave the innermost scope `owner` entered in this thread or task; return it.
+
+    Scopes of other owners entered after it (left out of order) stay in effect.  Raises
+    `RuntimeError` if `owner` entered no scope in this thread or task.
+    """
+    top = _scoped.get()
+    above = []
+    scope = top
+    while scope is not None and scope.owner is not owner:
+        above.append(scope)
+        scope = scope.outer
+    if scope is None:
+        raise RuntimeError(
+            "deepcopy_shim.enabled.stop() without a matching start() in this thread or task "
+            "(each thread and asyncio task leaves the scopes it entered)"
+        )
+    rebuilt = scope.outer
+    for later in reversed(above):  # re-link the scopes entered after it, unchanged
+        rebuilt = Scope(later.owner, later.setting, later.boundary, rebuilt, later.survey)
+    _scoped.set(rebuilt)
+    return scope

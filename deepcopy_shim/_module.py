@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import copyreg
 import gc
+import sys
 from collections import OrderedDict
 from types import FunctionType, MethodType
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from . import _modes
+from . import _modes, _record
 from ._protocol import ATOMIC_TYPES as _ATOMIC  # skipping deepcopy for these is exact
-from ._protocol import COPY_FRAMES, keep_alive, reconstruct, reduce_for_copy
+from ._protocol import COPY_FRAMES, OWNER_FRAMES, ROOT_FRAMES, keep_alive, reconstruct, reduce_for_copy
 from ._protocol import DEEPCOPY as _deepcopy
 from ._protocol import DISPATCH as _DEEPCOPY_DISPATCH
 from ._protocol import NIL as _NIL
 
 __all__ = ["ModuleDeepcopy", "copy_module"]
+
+# pytest leaves this module's frames out of the tracebacks it shows: a copy that fails inside
+# a module reads as native deepcopy's frames and the user's own.
+__tracebackhide__ = True
 
 _referents = gc.get_referents
 Parameter = torch.nn.Parameter
@@ -34,25 +39,33 @@ _OBJECT_REDUCE = object.__reduce__
 class ModuleDeepcopy:
     """The descriptor installed as `torch.nn.Module.__deepcopy__` while the shim is installed.
 
-    On an instance it returns the bound copier; on the class it raises `AttributeError`, so
-    `hasattr(cls, "__deepcopy__")` stays False for every module class.
-    `torch.nn.utils.parametrize` only gives its dynamic classes a `__deepcopy__` of their own
-    when that check is False; a module parametrized while the shim is installed must still copy
-    after the shim is removed.  A `__deepcopy__` defined by a class that follows `nn.Module`
-    in the MRO (a mixin listed after it) would be shadowed by this one, so it is honoured here,
-    and so is one a class's own `__getattr__` forwards (torch.compile's `OptimizedModule`
-    hands over the wrapped module's), as attribute lookup finds them without this descriptor.
+    Attribute lookup through it finds what it finds without the shim, and then, where that is
+    nothing, the shim's copier (on instances only):
+
+    - a `__deepcopy__` of a class after `nn.Module` in the MRO (a mixin listed after it),
+      which this descriptor would otherwise shadow, is returned as Python returns it: bound
+      if it is a descriptor, as it is if not (a callable object), `None` if it is `None`
+      (native deepcopy then reduces the object);
+    - on the class, nothing else: `AttributeError`, so that `hasattr(cls, "__deepcopy__")`
+      is what it is without the shim.  `torch.nn.utils.parametrize` only gives its dynamic
+      classes a `__deepcopy__` of their own when that check is False; a module parametrized
+      while the shim is installed must still copy after the shim is removed;
+    - on an instance, one a class's own `__getattr__` forwards (torch.compile's
+      `OptimizedModule` hands over the wrapped module's), as attribute lookup finds it
+      without this descriptor; else the shim's copier, bound.
     """
 
     __slots__ = ()
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
+        cls = owner if instance is None else type(instance)
+        found = _deepcopy_after_module(cls)
+        if found is not None:
+            value = found[0]
+            binder = getattr(type(value), "__get__", None)
+            return value if binder is None else binder(value, instance, cls)
         if instance is None:
             raise AttributeError("__deepcopy__")
-        cls = type(instance)
-        inherited = _deepcopy_after_module(cls)
-        if inherited is not None:
-            return inherited.__get__(instance, cls)
         # Without this descriptor, deepcopy's getattr(x, "__deepcopy__") would end in the
         # class's __getattr__; a wrapper that forwards unknown names (torch.compile's
         # OptimizedModule forwards to the module it wraps) may answer there, and native
@@ -60,31 +73,35 @@ class ModuleDeepcopy:
         forward = cls.__getattr__
         if forward is not _MODULE_GETATTR:
             try:
-                found = forward(instance, "__deepcopy__")
+                found_there = forward(instance, "__deepcopy__")
             except AttributeError:
                 pass
             else:
-                if getattr(found, "__func__", None) is not copy_module:  # not ours, forwarded
-                    return found
+                if getattr(found_there, "__func__", None) is not copy_module:  # not ours, forwarded
+                    return found_there
         return MethodType(copy_module, instance)
 
     def __repr__(self) -> str:
         return "<deepcopy_shim nn.Module.__deepcopy__>"
 
 
-def _deepcopy_after_module(cls: type) -> Optional[Any]:
+def _deepcopy_after_module(cls: type) -> Optional[Tuple[Any]]:
+    """`(value,)` of the first `__deepcopy__` a class after `nn.Module` in `cls`'s MRO
+    defines (the value may be None), or None if none does."""
     mro = cls.__mro__
     if mro[-2] is torch.nn.Module:
         return None  # only `object` follows nn.Module, and it has no __deepcopy__
     for klass in mro[mro.index(torch.nn.Module) + 1:]:
-        found = klass.__dict__.get("__deepcopy__")
-        if found is not None:
-            return found
+        if "__deepcopy__" in klass.__dict__:
+            return (klass.__dict__["__deepcopy__"],)
     return None
 
 
 def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     """Deep-copy `module` (called as its `__deepcopy__`); returns the copy, memoised.
+
+    When `module` is the root of the top-level copy, this call owns that copy's record (see
+    `_record`): it finishes it when it returns and discards it when it raises.
 
     The object is reduced exactly as `copy.deepcopy` reduces it (`copyreg.dispatch_table`,
     then `__reduce_ex__(4)`).  A plain reduction (`copyreg.__newobj__`, a state dict, nothing
@@ -94,6 +111,18 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     `copy._reconstruct`, the very code native deepcopy runs.  Nothing here depends on the
     mode: what is reported is recorded by the tensors the copy meets (see `_record`).
     """
+    try:
+        new = _copy_module(module, memo)
+    except BaseException:
+        if _record.open_records():
+            _record.module_copy_ended(sys._getframe(0), failed=True)
+        raise
+    if _record.open_records():
+        _record.module_copy_ended(sys._getframe(0), failed=False)
+    return new
+
+
+def _copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     cls = type(module)
     rv = reduce_for_copy(module)
     if isinstance(rv, str):
@@ -207,8 +236,12 @@ def _copy_items(mapping: Dict[Any, Any], memo: Dict[Any, Any],
     return new
 
 
-# A dict copied here instead of by deepcopy is still a step of the copy's path (see _record).
+# A dict copied here instead of by deepcopy is still a step of the copy's path, and the module
+# copier is a copy frame that can be the root of a copy (a deepcopy written in C calls it
+# directly) and owns the record of a copy whose root it copies (see _record).
 COPY_FRAMES[id(_copy_items.__code__)] = "mapping"
+COPY_FRAMES[id(copy_module.__code__)] = ROOT_FRAMES[id(copy_module.__code__)] = "module"
+OWNER_FRAMES[id(copy_module.__code__)] = "module"
 
 
 _Copier = Callable[[Any, Dict[Any, Any]], Any]
@@ -224,6 +257,9 @@ def _parameter_copier() -> _Copier:
     call without deepcopy's dispatch.  Other values go through deepcopy.
     """
     global _parameter_copier_for
+    scope = _modes.current_scope()
+    if scope is not None and scope.survey is not None:
+        return scope.survey.copy_value  # type: ignore[no-any-return]
     param_deepcopy = vars(Parameter).get("__deepcopy__")
     # Only a plain function binds to the instance as its first argument; a staticmethod,
     # classmethod or other descriptor put there by someone else is left to deepcopy.

@@ -26,7 +26,7 @@ from typing import Any, List, Optional
 
 from ._warnings import PatchConflictWarning, TorchCompatibilityWarning, notify, warn_in_user_code
 
-__all__ = ["acquire", "inert_reason", "is_installed", "release", "state"]
+__all__ = ["acquire", "holding", "inert_reason", "release", "state"]
 
 # Guards the four variables below.  Held only for reads, counts and attribute writes: never
 # while importing or warning (warning filters and showwarning hooks run arbitrary code).
@@ -59,7 +59,7 @@ class _Patch:
         self.original = vars(self.tensor_cls)["__deepcopy__"]
         self.problem = refusal_problem(self.original)
         self.tensor_patch = StableFunctionWrapper(
-            self.original, make_tensor_deepcopy_wrapper(self.original)
+            self.original, make_tensor_deepcopy_wrapper(self.original, holding)
         )
         self.module_patch = ModuleDeepcopy()
 
@@ -87,11 +87,6 @@ class _Patch:
         else:
             conflicts.append("torch.nn.Module.__deepcopy__")
         return conflicts
-
-
-def is_installed() -> bool:
-    """True while the patch is applied to torch (not merely waiting for `import torch`)."""
-    return _installed is not None
 
 
 def inert_reason() -> Optional[str]:
@@ -123,6 +118,17 @@ def acquire() -> None:
     except BaseException:
         release()
         raise
+
+
+class holding:
+    """A context manager that counts one user of the patch while it is entered: what a strict
+    refusal read after its copy ended needs to survey that copy (see `_refusal`)."""
+
+    def __enter__(self) -> None:
+        acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        release()
 
 
 def release() -> None:

@@ -6,24 +6,31 @@ A path is what follows the copied object in an expression: `head.last_out` (read
 found by identity, from an object already located to the next object the copy met, so every
 path resolves to the very object it names.  They contain no memory address, so the same
 object gives the same path on every run.  Where no step of Python access leads from a located
-object to the next one (a set member, a dict key, a value rebuilt by a custom `__deepcopy__`
-or reduction), the path stops there and says why, once.
+object to the next one the copy met (a state a `__getstate__` rebuilt around the same objects),
+a short search from the last located object finds the way Python access does take; only where
+none exists (a set member, a dict key, a value a custom `__deepcopy__` or reduction really
+rebuilds) the path stops there and says why, once.
+
+Finding a path only reads: no instance dict, attribute or cache appears on any object of the
+source (an `OrderedDict` or `functools.partial` gets its instance dict only when first asked
+for it, so it is never asked).
 """
 
 from __future__ import annotations
 
 import copyreg
+import ctypes
 import functools
+import gc
 import keyword
 import math
 import types
-from typing import Any, Dict, Iterator, Optional, Sequence, Set, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, Iterator, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 
-from ._report import class_name
-
-__all__ = ["Locator", "display"]
+__all__ = ["Entry", "Locator", "class_name", "display", "existing_instance_dict"]
 
 _Module = torch.nn.Module
 _Tensor = torch.Tensor
@@ -46,6 +53,29 @@ def display(path: str) -> str:
     return path[1:] if path.startswith(".") else path
 
 
+def class_name(cls: type) -> str:
+    """`Outer.Inner` for a nested class, without the `<locals>` of one defined in a function."""
+    return cls.__qualname__.rsplit("<locals>.", 1)[-1]
+
+
+class Entry(NamedTuple):
+    """One tensor a copy met, located: where it sits in the copied object."""
+
+    tensor: torch.Tensor
+    path: str
+    """Python access from the copied object, raw (`.head.last_out`, `[0]`; see `display`)."""
+    why: Optional[str]
+    """None when `path` reaches the tensor; else why the rest of the way has no spelling."""
+
+    @property
+    def label(self) -> str:
+        """The path as reported: `head.last_out`, or `hooks[0] <copied by X.__deepcopy__>`."""
+        path = display(self.path)
+        if self.why is None:
+            return path
+        return f"{path} <{self.why}>" if path else f"<{self.why}>"
+
+
 class Locator:
     """The paths of the objects met during one copy, relative to its root.
 
@@ -53,7 +83,7 @@ class Locator:
     as long as the locator can be asked about it.
     """
 
-    __slots__ = ("_located", "_tables", "_searched")
+    __slots__ = ("_located", "_tables", "_searched", "_reach")
 
     def __init__(self, root: Any) -> None:
         self._located: Dict[int, Tuple[Any, str]] = {id(root): (root, "")}
@@ -62,6 +92,9 @@ class Locator:
         # members (a long Sequential, a dict of tensors) costs one scan in all.
         self._searched: Set[int] = set()
         self._tables: Dict[int, Dict[int, _Raw]] = {}
+        # id(anchor) -> {id(object): (object, path from the anchor)}: what a bounded search
+        # from an anchor reaches, made once per anchor the copy's own way could not leave.
+        self._reach: Dict[int, Dict[int, Tuple[Any, str]]] = {}
 
     def knows(self, obj: Any) -> bool:
         found = self._located.get(id(obj))
@@ -77,6 +110,9 @@ class Locator:
         dicts a reduction makes, past the `_modules` dict of a module to the submodule itself
         (`[0]`, not `._modules['0']`), and to `.tensor` rather than through a cache holding the
         same tensor.  Among the names one object has for the next, the first in its own order.
+        Where no one step leads on (the copy went through containers a `__getstate__` built),
+        a bounded search from the object reached finds the furthest object of the chain that
+        Python access reaches, by the shortest way.
         """
         anchor = chain[0]
         if not self.knows(anchor):
@@ -98,9 +134,47 @@ class Locator:
                     self._located[id(obj)] = (obj, reached)
                     break
             else:
-                return path, _why(anchor, chain[index])
+                reach = self._reachable(anchor)
+                for ahead in range(last, index - 1, -1):
+                    found = reach.get(id(chain[ahead]))
+                    if found is not None and found[0] is chain[ahead]:
+                        reached = path + found[1]
+                        self._located[id(chain[ahead])] = (chain[ahead], reached)
+                        break
+                else:
+                    return path, _why(anchor, chain[index])
             anchor, path, index = chain[ahead], reached, ahead + 1
         return path, None
+
+    def _reachable(self, anchor: Any) -> Dict[int, Tuple[Any, str]]:
+        """Objects a breadth-first walk of Python access from `anchor` reaches, with the
+        shortest spelled way there (the first in each object's own order among equals).
+
+        Bounded (`_SEARCH_DEPTH` steps, `_SEARCH_BUDGET` objects): the search only has to
+        cross the few containers a reduction rebuilt, not the whole model.
+        """
+        key = id(anchor)
+        reach = self._reach.get(key)
+        if reach is not None:
+            return reach
+        reach = {}
+        queue: Deque[Tuple[Any, str, int]] = deque([(anchor, "", 0)])
+        seen = {key}
+        while queue and len(seen) < _SEARCH_BUDGET:
+            parent, way, depth = queue.popleft()
+            if depth >= _SEARCH_DEPTH or not _searchable(parent):
+                continue
+            for member, raw in _members(parent):
+                if id(member) in seen or type(member) in _ATOMS:
+                    continue
+                step = _spell(parent, raw)
+                if step is None:
+                    continue
+                seen.add(id(member))
+                reach[id(member)] = (member, way + step)
+                queue.append((member, way + step, depth + 1))
+        self._reach[key] = reach
+        return reach
 
     def _step(self, parent: Any, child: Any) -> Optional[_Raw]:
         key = id(parent)
@@ -110,7 +184,7 @@ class Locator:
                 self._searched.add(key)
                 # Attributes first, in a plain loop: where a copy most often finds a cached
                 # tensor, without making a step for every member on the way.
-                state = _instance_dict(parent)
+                state = existing_instance_dict(parent)
                 if state is not None:
                     for name, value in state.items():
                         if value is child:
@@ -130,10 +204,35 @@ class Locator:
 # member of every parent searched would cost more than the search; only steps taken are spelled.
 _Raw = Tuple[Any, ...]
 _ATTR, _ITEM, _INDEX, _MEMBER = range(4)
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+# The bounded search of Locator._reachable: deep enough for the containers a __getstate__
+# builds around a class's own objects, small enough to cost nothing beside the copy.
+_SEARCH_DEPTH = 6
+_SEARCH_BUDGET = 20_000
 
 
-def _instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
-    # object.__getattribute__, not getattr: a proxy's or module's __getattr__ must not run.
+def existing_instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
+    """`obj`'s instance dict if it has one already, without making one; else None.
+
+    Asking for `__dict__` makes an empty one on the spot for objects whose dict slot is filled
+    on demand (an `OrderedDict`, a `functools.partial`, a tensor), which native deepcopy never
+    does to them; reading the slot itself, or finding the dict among the object's references,
+    leaves them as they are.  Never runs a proxy's or module's `__getattr__`.
+    """
+    cls = type(obj)
+    offset = cls.__dictoffset__
+    if offset == 0:
+        return None
+    if offset > 0:
+        # A C-level `PyObject *` at that offset: NULL until the dict is first asked for.
+        if not ctypes.c_void_p.from_address(id(obj) + offset).value:
+            return None
+    elif isinstance(obj, _Tensor):
+        # A tensor's dict lives past its C struct; if made, it is among its GC referents.
+        if not any(type(ref) is dict for ref in gc.get_referents(obj)):
+            return None
+    # Otherwise a Python class's own dict, which always exists (native deepcopy's reduction
+    # asks for it too).
     try:
         state = object.__getattribute__(obj, "__dict__")
     except (AttributeError, TypeError):
@@ -141,9 +240,16 @@ def _instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
     return state if isinstance(state, dict) else None
 
 
+
+def _searchable(obj: Any) -> bool:
+    # Classes, functions and Python modules lead everywhere (globals, subclasses): a path
+    # through them would be no path a user means.
+    return not isinstance(obj, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType))
+
+
 def _members(obj: Any, with_attributes: bool = True) -> Iterator[Tuple[Any, _Raw]]:
     """Every object one step of Python access away from `obj`, with that step (raw)."""
-    state = _instance_dict(obj)
+    state = existing_instance_dict(obj)
     if with_attributes and state is not None:
         for name, value in state.items():
             yield value, (_ATTR, name)

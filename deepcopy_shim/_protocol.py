@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import copyreg
-from typing import Any, Callable, Dict, Optional
+import sys
+from typing import Any, Callable, Dict, List, Optional
 
 __all__ = [
     "ATOMIC_TYPES",
@@ -18,9 +19,11 @@ __all__ = [
     "DEEPCOPY",
     "DEEPCOPY_CODE",
     "DISPATCH",
-    "KEEP_ALIVE_CALLS_APPEND",
+    "KEEP_ALIVE_DEPTH",
     "MEMO_LOCAL",
     "NIL",
+    "OWNER_FRAMES",
+    "ROOT_FRAMES",
     "X_LOCAL",
     "keep_alive",
     "own_get",
@@ -48,17 +51,43 @@ assert (X_LOCAL, MEMO_LOCAL) == ("x", "memo"), (
 # object (they live as long as their functions): hashing a code object costs twice as much,
 # and a record looks up every frame between a tensor and the copy's root.
 COPY_FRAMES: Dict[int, str] = {id(DEEPCOPY_CODE): X_LOCAL}
+# Those of them that can start a top-level copy: deepcopy's own, and the module copier (a
+# deepcopy written in C calls it directly).  OWNER_FRAMES: those that finish the record of a
+# copy whose root they copy, when they return (see _record).
+ROOT_FRAMES: Dict[int, str] = {id(DEEPCOPY_CODE): X_LOCAL}
+OWNER_FRAMES: Dict[int, str] = {}
 
 # deepcopy ends every copy it makes (of an object that is not its own copy) with
-# `_keep_alive(x, memo)`, which does `memo[id(memo)].append(x)`.  The report of a copy is made
-# when that call is made for the copied object itself; if this Python's deepcopy does not do
-# it, reports are made tensor by tensor instead (see _record).
-_KEEP_ALIVE = getattr(copy, "_keep_alive", None)
-KEEP_ALIVE_CALLS_APPEND = (
-    "_keep_alive" in DEEPCOPY_CODE.co_names
-    and _KEEP_ALIVE is not None
-    and "append" in _KEEP_ALIVE.__code__.co_names
-)
+# `_keep_alive(x, memo)`, which does `memo[id(memo)].append(x)`: the end of a copy the shim
+# does not own is seen there (see _record).  KEEP_ALIVE_DEPTH is how many frames above that
+# `append` the deepcopy call that copied `x` is (`sys._getframe(KEEP_ALIVE_DEPTH)` inside
+# `append`), measured below on this Python's own copy module; None if it does not end copies
+# that way, and then reports are made tensor by tensor.
+
+
+def _measure_keep_alive_depth() -> Optional[int]:
+    depths: List[Optional[int]] = []
+
+    class Probe(list):  # type: ignore[type-arg]
+        def append(self, obj: Any) -> None:
+            list.append(self, obj)
+            frame: Any = sys._getframe(1)
+            depth = 1
+            while frame is not None and frame.f_code is not DEEPCOPY_CODE:
+                frame, depth = frame.f_back, depth + 1
+            found = frame is not None and frame.f_locals.get(X_LOCAL) is obj
+            depths.append(depth if found else None)
+
+    memo: Dict[Any, Any] = {}
+    memo[id(memo)] = Probe()
+    root: List[Any] = [[]]
+    DEEPCOPY(root, memo)
+    if len(depths) != 2 or depths[0] != depths[1]:  # the inner list, then the root
+        return None
+    return depths[-1]
+
+
+KEEP_ALIVE_DEPTH: Optional[int] = _measure_keep_alive_depth()
 
 # deepcopy returns these unchanged and never memoises them.
 ATOMIC_TYPES = frozenset((type(None), bool, int, float, complex, str, bytes))
@@ -79,15 +108,15 @@ def keep_alive(obj: Any, memo: Any) -> None:
         memo[id(memo)] = [obj]
 
 
-def own_get(memo: Any, key: Any) -> Any:
-    """Read the shim's own entry from `memo` without calling a subclass's `get`.
+def own_get(memo: Any, key: Any, default: Any = None) -> Any:
+    """Read an entry of `memo` without calling a subclass's `get`.
 
     Memo subclasses exist that treat every key passed to `get` as an object id (pyro's
     `detach`/`deep_to`): the shim's bookkeeping must not go through their methods.
     """
     if isinstance(memo, dict):
-        return dict.get(memo, key)
-    return memo.get(key)
+        return dict.get(memo, key, default)
+    return memo.get(key, default)
 
 
 def own_set(memo: Any, key: Any, value: Any) -> None:

@@ -1,97 +1,145 @@
-"""The record of one top-level copy: which tensors it detached, where they sit, and when it ends.
+"""Where a copy starts and ends, and which tensors it met on the way.
 
-What mode `warn` reports and what mode `strict` refuses comes from the copy itself, not from
-a second walk that would have to predict it: a tensor enters the record when the copy meets it
-(and torch refuses it), with the path along which the copy reached it.  Whatever the copy does
-not meet (a tensor dropped by a custom `__deepcopy__`, one a memo already supplies, one behind
-a reduction that leaves it out) is never reported.
+A *top-level copy* is the outermost copy frame (a `copy.deepcopy` call, or the module copier a
+deepcopy written in C calls directly) on the stack below the innermost scope's boundary: the
+frame that entered `deepcopy_shim.enabled(...)`, or the `deepcopy_shim.deepcopy()` /
+`find_nonleaf_tensors()` call itself.  So a copy started inside a custom `__deepcopy__`
+(with a fresh memo or the same one) is part of the copy around it, and a copy started inside a
+scope, or by an explicit call, is a copy of its own wherever it is made.
 
-A top-level copy is the outermost `copy.deepcopy` call on the stack.  Its end is observed
-through deepcopy's own protocol: the last thing deepcopy does for an object it copied is
-`_keep_alive(x, memo)`, i.e. `memo[id(memo)].append(x)`.  While a record is open, that
-keep-alive list is a `_KeepAlive` whose `append` closes the record when `x` is the
-root and the caller is the root's own deepcopy frame: the copy is then complete, and still on
-the stack, so a strict refusal propagates from `copy.deepcopy` itself and no part of the copy
-escapes.  Where that cannot be observed (no deepcopy frame, a memo that is not a plain dict, a
-`copy` module that keeps objects alive differently) each tensor is reported as it is copied.
+Mode `warn` keeps a `CopyRecord` of each top-level copy that detaches something: the tensors
+met, in order, each with the copy frames it was met under (reading the objects those frames
+copy, their locals, is the dearest part of a path, so it waits for the end, once per frame).
+Records live in the thread that copies, never in anything the copy touches, and each is found
+again by walking from the tensor being copied to the first frame a record captured: a second
+`enable()`, a scope opened inside the copy or another thread cannot reach it.  Each record
+ends exactly once:
+
+- a module at the root: the module copier that copies it finishes the record when it returns
+  and discards it when it raises (try/except owned by the call that makes the copy);
+- a tensor with history at the root: the tensor copier, likewise;
+- any other root (a dict, a list, an object): the end is seen through deepcopy's own protocol,
+  its last `_keep_alive(x, memo)` for the root (see `_protocol.KEEP_ALIVE_DEPTH`), through a
+  keep-alive list installed in the root's memo only while the record is open.  If that copy
+  fails instead, the scope or explicit call it ran in discards the record when it ends; under
+  `enable()` alone the next record made in the same thread does;
+- no copy frame at all (a direct `__deepcopy__` call), or a memo whose `__getitem__` is not
+  dict's own: the tensor is reported as soon as it is copied.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _protocol, _report
-from ._modes import Mode, ModeSetting
-from ._paths import Locator, display
-from ._warnings import DetachedTensorsWarning, NonLeafTensorError, warn_in_user_code
+from . import _modes, _protocol, _report
+from ._modes import ModeSetting
+from ._paths import Entry, Locator
+from ._warnings import DetachedTensorsWarning, warn_in_user_code
 
-__all__ = ["CopyRecord", "Entry", "path_here", "record_for"]
+__all__ = [
+    "CopyRecord",
+    "Tracker",
+    "copied_by",
+    "module_copy_ended",
+    "open_records",
+    "path_here",
+    "record_for",
+    "scope_ended",
+    "top_level",
+    "walk",
+]
+
+# pytest leaves this module's frames out of the tracebacks it shows: a refused or failed copy
+# ends in the user's code or copy's, not in the shim's bookkeeping.
+__tracebackhide__ = True
+
+_Frame = Any
+_Captured = Dict[int, Tuple[_Frame, Any]]
 
 
-class Entry(NamedTuple):
-    """One tensor the copy detached (or, in mode strict, would have detached)."""
-
+class _Met(NamedTuple):
     tensor: torch.Tensor
-    path: str
-    """Python access from the copied object (see `_paths`)."""
-    why: Optional[str]
-    """None when `path` reaches the tensor; else why the rest of the way has no spelling."""
-
-    @property
-    def label(self) -> str:
-        """The path as reported: `head.last_out`, or `hooks[0] <copied by X.__deepcopy__>`."""
-        path = display(self.path)
-        if self.why is None:
-            return path
-        return f"{path} <{self.why}>" if path else f"<{self.why}>"
+    frames: List[_Frame]
+    """The copy frames the tensor was met under, outermost first."""
 
 
-class CopyRecord:
-    """Everything the shim reports about one top-level copy.
+def walk(caller: _Frame, boundary: _Frame, captured: _Captured
+         ) -> Tuple[List[_Frame], Optional[Tuple[_Frame, Any]], Optional[_Frame]]:
+    """The copy frames from `caller` out to `boundary` (excluded), innermost first.
 
-    An `immediate` record reports its one tensor as soon as that tensor is copied: it serves a
-    copy whose end cannot be observed.
+    Stops early at a frame in `captured` (id -> (frame, owner)) and returns that entry second.
+    Third: the outermost root frame walked (the top-level copy so far), counting `caller`
+    itself when it is the deepcopy frame of the object being copied; that frame is not in the
+    first list (the object it copies is the one being met).
     """
+    copy_frames = _protocol.COPY_FRAMES
+    root_frames = _protocol.ROOT_FRAMES
+    own = caller.f_code is _protocol.DEEPCOPY_CODE
+    outermost = caller if own else None
+    frame = caller.f_back if own else caller
+    walked: List[_Frame] = []
+    while frame is not None and frame is not boundary:
+        key = id(frame.f_code)
+        if key in copy_frames:
+            hit = captured.get(id(frame))
+            if hit is not None and hit[0] is frame:
+                return walked, hit, outermost
+            walked.append(frame)
+            if key in root_frames:
+                outermost = frame
+        frame = frame.f_back
+    return walked, None, outermost
 
-    __slots__ = ("root", "setting", "met", "closed", "immediate", "_frames")
 
-    def __init__(self, root: Any, setting: ModeSetting, immediate: bool) -> None:
+def _boundary() -> _Frame:
+    scope = _modes.current_scope()
+    return scope.boundary if scope is not None else None
+
+
+def top_level(caller: _Frame) -> Tuple[Optional[_Frame], List[_Frame]]:
+    """The root frame of the top-level copy `caller` is part of (None: no copy frame), and the
+    copy frames from it in to `caller`, innermost first."""
+    walked, _, outermost = walk(caller, _boundary(), {})
+    return outermost, _up_to(walked, outermost)
+
+
+def _up_to(walked: List[_Frame], root_frame: Optional[_Frame]) -> List[_Frame]:
+    for index, frame in enumerate(walked):
+        if frame is root_frame:
+            return walked[:index + 1]
+    return walked
+
+
+def copied_by(frame: _Frame) -> Any:
+    """The object the copy frame `frame` copies."""
+    return frame.f_locals[_protocol.COPY_FRAMES[id(frame.f_code)]]
+
+
+class Tracker:
+    """The tensors one copy met, in order, with the frames each was met under; their paths."""
+
+    __slots__ = ("root", "met", "frames")
+
+    def __init__(self, root: Any) -> None:
         self.root = root
-        self.setting = setting
-        # The tensors met, each with the copy frames it was met under, up to a frame captured
-        # for an earlier tensor: reading the objects those frames copy (their locals) is the
-        # dearest part of a path, so it waits for the end, once per frame, in one warm pass.
         self.met: List[_Met] = []
-        self.closed = False
-        self.immediate = immediate
         # id(frame) -> frame, for every copy frame captured: a frame above a module is the same
         # for all of its tensors.  Holding them keeps their ids their own until the end.
-        self._frames: Dict[int, Any] = {}
+        self.frames: Dict[int, _Frame] = {}
 
-    def meet(self, tensor: torch.Tensor, caller: Any) -> _Met:
-        """Enter `tensor`, which the copy has just met, with the frames it was met under.
-
-        `caller` is the frame that called `Tensor.__deepcopy__`: when that is a deepcopy
-        frame, the object it copies is `tensor` itself (bound as the method's `self`), so
-        the walk starts above it.
-        """
-        captured = self._frames
-        copy_frames = _protocol.COPY_FRAMES
-        frames = []
-        frame = caller.f_back if caller.f_code is _protocol.DEEPCOPY_CODE else caller
-        while frame is not None:
-            if id(frame.f_code) in copy_frames:
-                if captured.get(id(frame)) is frame:
-                    frames.append(frame)
-                    break
-                captured[id(frame)] = frame
-                frames.append(frame)
-            frame = frame.f_back
-        frames.reverse()
-        met = _Met(tensor, frames)
+    def add(self, tensor: torch.Tensor, walked: List[_Frame], joined: Optional[_Frame]) -> _Met:
+        """Enter `tensor`, met under the copy frames `walked` (innermost first, none of them
+        captured before) below the captured frame `joined` (None: `walked` reaches the root)."""
+        for frame in walked:
+            self.frames[id(frame)] = frame
+        chain = walked[::-1]
+        if joined is not None:
+            chain.insert(0, joined)
+        met = _Met(tensor, chain)
         self.met.append(met)
         return met
 
@@ -102,16 +150,9 @@ class CopyRecord:
                 del self.met[index]
                 return
 
-    def copied(self, met: _Met) -> None:
-        """`met`'s tensor is copied; a record that reports tensor by tensor reports it now."""
-        if self.immediate:
-            self.met = [met]
-            self.close()
-
     def entries(self) -> List[Entry]:
         """Every tensor met, in order, with its path from the root."""
         locator = Locator(self.root)
-        copy_frames = _protocol.COPY_FRAMES
         copied: Dict[int, Any] = {}  # id(frame) -> the object it copies
         # id(object met) -> the object the copy went through just before it
         up: Dict[int, Tuple[Any, Any]] = {id(self.root): (self.root, None)}
@@ -121,7 +162,7 @@ class CopyRecord:
             for frame in frames:
                 x = copied.get(id(frame), _protocol.NIL)
                 if x is _protocol.NIL:
-                    x = copied[id(frame)] = frame.f_locals[copy_frames[id(frame.f_code)]]
+                    x = copied[id(frame)] = copied_by(frame)
                 if not chain or chain[-1] is not x:
                     chain.append(x)
             if not chain or chain[-1] is not tensor:
@@ -139,139 +180,194 @@ class CopyRecord:
             found.append(Entry(tensor, *locator.locate(chain)))
         return found
 
-    def close(self) -> None:
-        """The copy is complete: warn (mode warn) or refuse (mode strict), naming every entry.
 
-        Raises `NonLeafTensorError` in mode strict, and whatever the warning filters make
-        of the warning in mode warn.
+class CopyRecord(Tracker):
+    """What mode `warn` reports about one top-level copy; see the module docstring for when
+    and by whom it ends."""
+
+    __slots__ = ("root_frame", "boundary", "setting", "owner", "memo", "open")
+
+    def __init__(self, root: Any, root_frame: Optional[_Frame], boundary: _Frame,
+                 setting: ModeSetting) -> None:
+        super().__init__(root)
+        self.root_frame = root_frame
+        self.boundary = boundary
+        self.setting = setting
+        self.owner: Optional[_Frame] = None  # the shim frame that finishes it, if any
+        self.memo: Any = None  # the memo whose keep-alive list watches for its end, if any
+        self.open = True
+
+    @property
+    def immediate(self) -> bool:
+        """True for a record whose end cannot be seen: it reports each tensor as copied."""
+        return self.root_frame is None or (self.owner is None and self.memo is None)
+
+    def finish(self) -> None:
+        """The copy is complete: one `DetachedTensorsWarning` naming every tensor detached.
+
+        Raises whatever the warning filters make of the warning (`-W error`).
         """
-        self.closed = True
-        self._frames.clear()  # the frames are finishing; holding them would hold their locals
+        if not self._end():
+            return
         if not self.met:
             return
         entries = self.entries()
-        paths = tuple(e.label for e in entries)
-        if self.setting.mode is Mode.STRICT:
-            raise NonLeafTensorError(
-                _report.strict_refusal(self.root, self.setting, entries),
-                paths=paths, mode=Mode.STRICT, tensors=[e.tensor for e in entries],
-            )
+        self.frames.clear()  # the frames are finishing; holding them would hold their locals
         warn_in_user_code(DetachedTensorsWarning(
-            _report.detached_warning(self.root, self.setting, entries), paths
+            _report.detached_warning(self.root, self.setting, entries),
+            [e.label for e in entries], [e.tensor for e in entries],
         ))
         _report.note_untested_torch_once()
 
+    def discard(self) -> None:
+        """The copy failed: nothing was detached, nothing is said."""
+        self._end()
+        self.met.clear()
+        self.frames.clear()
 
-class _Met(NamedTuple):
-    tensor: torch.Tensor
-    frames: List[Any]
+    def _end(self) -> bool:
+        if not self.open:
+            return False
+        self.open = False
+        state = _state
+        if self in state.records:
+            state.records.remove(self)
+            for key in self.frames:
+                state.captured.pop(key, None)
+        if self.memo is not None:
+            _unhook(self.memo, self)
+            self.memo = None
+        return True
 
 
 class _KeepAlive(list):  # type: ignore[type-arg]
-    """The memo's keep-alive list while a record is open; closes it at the end of the copy."""
+    """A memo's keep-alive list while records whose root that memo copies are open: the
+    append deepcopy makes for a record's root, from the root's own frame, finishes it."""
 
-    __slots__ = ("record", "root_frame")
-
-    def __init__(self, items: Any, record: CopyRecord, root_frame: Any) -> None:
-        super().__init__(items)
-        self.record = record
-        self.root_frame = root_frame
+    __slots__ = ("records",)
+    records: List[CopyRecord]
 
     def append(self, obj: Any) -> None:
         list.append(self, obj)
-        # Frames: 0 this method, 1 copy._keep_alive, 2 the deepcopy call that copied obj.
-        if obj is self.record.root and self.root_frame is not None and sys._getframe(2) is self.root_frame:
-            self.root_frame = None  # also breaks the cycle memo -> this list -> frame -> memo
-            self.record.close()
+        for record in self.records:
+            if obj is record.root and sys._getframe(_KEEP_ALIVE_DEPTH) is record.root_frame:
+                record.finish()
+                return
 
 
-def record_for(memo: Any, setting: ModeSetting, tensor: torch.Tensor) -> Optional[CopyRecord]:
-    """The open record of the copy that `memo` belongs to, created on its first `tensor`.
-
-    None in mode silent: nothing is reported, so nothing is recorded.
-    """
-    if setting.mode is Mode.SILENT:
-        return None
-    record = _open_record(memo)
-    if record is not None and record.setting is setting:
-        return record
-    frames = _deepcopy_frames(sys._getframe(1))
-    root_frame, root_memo = _root_of(frames, memo, setting)
-    if root_frame is None:
-        # No deepcopy frame to observe: __deepcopy__ was called directly (or by a deepcopy
-        # written in C); the tensor is all there is to report.
-        return CopyRecord(tensor, setting, immediate=True)
-    root = root_frame.f_locals[_protocol.X_LOCAL]
-    record = _open_record(root_memo)
-    if record is None or record.setting is not setting:  # the copy's first tensor to report
-        if not _closes(root_memo):
-            return CopyRecord(root, setting, immediate=True)
-        record = CopyRecord(root, setting, immediate=False)
-        _install(root_memo, record, root_frame)
-    if memo is not root_memo:
-        _install(memo, record, None)  # the same record, found fast; only the root memo closes it
-    return record
+_KEEP_ALIVE_DEPTH = _protocol.KEEP_ALIVE_DEPTH or 0
 
 
-def path_here(memo: Any, tensor: torch.Tensor, setting: ModeSetting) -> str:
-    """The path of `tensor`, being copied now with `memo`, from the outermost copy's root."""
-    frames = _deepcopy_frames(sys._getframe(1))
-    if not frames:
-        return ""
-    record = CopyRecord(frames[0].f_locals[_protocol.X_LOCAL], setting, immediate=True)
-    record.meet(tensor, sys._getframe(1))
-    return record.entries()[0].label
-
-
-def _open_record(memo: Any) -> Optional[CopyRecord]:
-    """The record still open in `memo`'s keep-alive slot, if any."""
-    keep = _protocol.own_get(memo, id(memo))
-    if type(keep) is _KeepAlive and not keep.record.closed:
-        return keep.record
-    return None
-
-
-def _install(memo: Any, record: CopyRecord, root_frame: Any) -> None:
-    previous = _protocol.own_get(memo, id(memo))
-    _protocol.own_set(memo, id(memo), _KeepAlive(previous or (), record, root_frame))
-
-
-def _closes(memo: Any) -> bool:
+def _hookable(memo: Any) -> bool:
     # copy._keep_alive goes through memo[id(memo)]: only where that is dict's own lookup does
-    # the append reach the _KeepAlive installed with dict's own __setitem__.
+    # the append reach the list installed with dict's own __setitem__.
     return (
-        _protocol.KEEP_ALIVE_CALLS_APPEND
+        _protocol.KEEP_ALIVE_DEPTH is not None
         and isinstance(memo, dict)
         and type(memo).__getitem__ is dict.__getitem__
     )
 
 
-def _deepcopy_frames(frame: Any) -> List[Any]:
-    """The frames of `copy.deepcopy` calls on the stack from `frame` out, outermost first."""
-    found = []
-    while frame is not None:
-        if frame.f_code is _protocol.DEEPCOPY_CODE:
-            found.append(frame)
-        frame = frame.f_back
-    found.reverse()
-    return found
+def _hook(memo: Any, record: CopyRecord) -> None:
+    keep = _protocol.own_get(memo, id(memo))
+    if type(keep) is _KeepAlive:
+        keep.records.append(record)
+        return
+    hooked = _KeepAlive(keep or ())
+    hooked.records = [record]
+    _protocol.own_set(memo, id(memo), hooked)
 
 
-def _root_of(frames: List[Any], memo: Any, setting: ModeSetting) -> Tuple[Any, Any]:
-    """The frame and memo of the top-level copy that a tensor copied with `memo` belongs to.
+def _unhook(memo: Any, record: CopyRecord) -> None:
+    keep = _protocol.own_get(memo, id(memo))
+    if type(keep) is not _KeepAlive:
+        return
+    if record in keep.records:
+        keep.records.remove(record)
+    if not keep.records:  # give the memo back its plain list, with everything it keeps alive
+        _protocol.own_set(memo, id(memo), list(keep))
 
-    The outermost deepcopy on the stack, also when a custom `__deepcopy__` started a fresh
-    copy inside it: the user made one copy and gets one report.  If that outer copy already
-    reports in another mode (a scope opened inside it), the outermost deepcopy with `memo`.
-    """
-    if not frames:
-        return None, None
-    outer = frames[0]
-    outer_memo = outer.f_locals[_protocol.MEMO_LOCAL]
-    reporting = _open_record(outer_memo)
-    if reporting is None or reporting.setting is setting:
-        return outer, outer_memo
-    for frame in frames:
-        if frame.f_locals[_protocol.MEMO_LOCAL] is memo:
-            return frame, memo
-    return None, None
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.records: List[CopyRecord] = []  # open records of this thread, oldest first
+        self.captured: _Captured = {}  # id(frame) -> (frame, record) for those records
+
+
+_state = _ThreadState()
+
+
+def record_for(tensor: torch.Tensor, caller: _Frame, setting: ModeSetting
+               ) -> Tuple[CopyRecord, _Met]:
+    """The open record of the top-level copy now meeting `tensor` (called by the frame
+    `caller`), made on its first tensor; and the tensor's entry in it."""
+    state = _state
+    boundary = _boundary()
+    walked, hit, outermost = walk(caller, boundary, state.captured)
+    if hit is not None and hit[1].boundary is boundary:
+        record: CopyRecord = hit[1]
+        for frame in walked:
+            state.captured[id(frame)] = (frame, record)
+        return record, record.add(tensor, walked, hit[0])
+    # The first tensor of a copy.  Every open record of this scope is of a copy that ended
+    # without saying so (a failure): its frames would have been met on the way.
+    for stale in [r for r in state.records if r.boundary is boundary]:
+        stale.discard()
+    if outermost is None:  # no copy frame: __deepcopy__ was called directly
+        record = CopyRecord(tensor, None, boundary, setting)
+        return record, record.add(tensor, [], None)
+    walked = _up_to(walked, outermost)
+    record = CopyRecord(copied_by(outermost), outermost, boundary, setting)
+    record.owner = _owner(outermost, walked)
+    if record.owner is None and outermost.f_code is _protocol.DEEPCOPY_CODE:
+        memo = outermost.f_locals[_protocol.MEMO_LOCAL]
+        if _hookable(memo):
+            _hook(memo, record)
+            record.memo = memo
+    if not record.immediate:
+        state.records.append(record)
+        for frame in walked:
+            state.captured[id(frame)] = (frame, record)
+    return record, record.add(tensor, walked, None)
+
+
+def _owner(root_frame: _Frame, walked: List[_Frame]) -> Optional[_Frame]:
+    """The module copier frame that copies the root, if the root is a module it copies."""
+    if id(root_frame.f_code) in _protocol.OWNER_FRAMES:
+        return root_frame
+    if len(walked) >= 2 and walked[-1] is root_frame:
+        below = walked[-2]
+        if id(below.f_code) in _protocol.OWNER_FRAMES and copied_by(below) is copied_by(root_frame):
+            return below
+    return None
+
+
+def module_copy_ended(frame: _Frame, failed: bool) -> None:
+    """The module copier `frame` returns (or raises): finish (discard) the records it owns."""
+    for record in [r for r in _state.records if r.owner is frame]:
+        if failed:
+            record.discard()
+        else:
+            record.finish()
+
+
+def scope_ended(boundary: _Frame) -> None:
+    """A scope entered by `boundary` ends: a record of it still open is of a copy that failed."""
+    for record in [r for r in _state.records if r.boundary is boundary]:
+        record.discard()
+
+
+def open_records() -> List[CopyRecord]:
+    """This thread's open records (the module copier asks before looking for its own)."""
+    return _state.records
+
+
+def path_here(tensor: torch.Tensor, caller: _Frame) -> str:
+    """The path of `tensor`, being copied now (called by the frame `caller`), from the root
+    of its top-level copy."""
+    root_frame, walked = top_level(caller)
+    if root_frame is None:
+        return ""
+    tracker = Tracker(copied_by(root_frame))
+    tracker.add(tensor, walked, None)
+    return tracker.entries()[0].label

@@ -8,19 +8,17 @@ a log line or a docs page shows without scrolling); the tensors follow one per l
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from ._modes import ModeSetting
+from ._paths import Entry, class_name
 from ._warnings import TorchCompatibilityWarning, warn_in_user_code
 
 if TYPE_CHECKING:
     import torch
 
-    from ._record import Entry
-
 __all__ = [
     "MAX_LISTED",
-    "class_name",
     "describe_tensor",
     "detached_copy_failure",
     "detached_warning",
@@ -60,17 +58,30 @@ def detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) 
     ])
 
 
-def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry]) -> str:
-    """Mode strict: the copy of `root` met `entries`, so it is refused."""
+def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
+                   incomplete: Optional[str] = None, torch_words: Optional[str] = None) -> str:
+    """Mode strict: the copy of `root` would meet `entries`, so it is refused.
+
+    `incomplete` says why the list may be short (the copy could not be followed to its end);
+    `torch_words` is torch's own refusal, kept whole on the last line so that code that looks
+    for torch's words ("graph leaves") in the message still finds them.
+    """
     count = len(entries)
     example = next((e for e in entries if e.why is None and e.path), None)
     how: List[str] = []
     if example is not None:
         target = f"obj{example.path}"  # a raw path starts with "." or "["
         how = [f"    {target} = {target}.detach()", f"    del {target}"]
-    return "\n".join([
+    lines = [
         f"deepcopy_shim: refused to copy {_a(root)} holding {_tensors(count)} with autograd history:",
         *_listing(entries, "all are in the error's .paths"),
+    ]
+    if incomplete is not None:
+        lines.append(_fill(
+            "The list may be incomplete: the rest of the copy could not be followed without "
+            f"copying it ({incomplete})."
+        ))
+    lines += [
         _fill(
             f"Mode 'strict' is set by {setting.spelled()}. The copy was discarded and the source "
             f"is unchanged. {setting.spelled('warn')} or {setting.spelled('silent')} copies "
@@ -78,7 +89,10 @@ def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry]) ->
             + (", e.g. (obj is the object copied):" if how else ".")
         ),
         *how,
-    ])
+    ]
+    if torch_words:
+        lines.append("torch's refusal: " + " ".join(torch_words.split()))
+    return "\n".join(lines)
 
 
 def detached_copy_failure(path: str, tensor: torch.Tensor, error: BaseException) -> str:
@@ -118,13 +132,19 @@ def note_untested_torch_once() -> None:
         warn_in_user_code(TorchCompatibilityWarning(untested_torch(torch.__version__, newest)))
 
 
-def class_name(cls: type) -> str:
-    """`Outer.Inner` for a nested class, without the `<locals>` of one defined in a function."""
-    return cls.__qualname__.rsplit("<locals>.", 1)[-1]
-
-
 def _a(obj: Any) -> str:
-    return f"a {class_name(type(obj))}"
+    """`a Net`, `an Actor`, `an MLP`: the article as the class name is read aloud."""
+    name = class_name(type(obj))
+    return f"{_article(name)} {name}"
+
+
+def _article(name: str) -> str:
+    if name[:2].isupper():  # an acronym (MLP, LSTM, GPT2Model): read letter by letter
+        return "an" if name[0] in "AEFHILMNORSX" else "a"
+    first, rest = name[:1].lower(), name[1:4].lower()
+    if first == "u" and rest.startswith(("ni", "se", "su", "ti", "ra", "re", "ri", "ro")):
+        return "a"  # a Unit, a User: a "you" sound
+    return "an" if first in "aeiou" else "a"
 
 
 def _tensors(count: int) -> str:

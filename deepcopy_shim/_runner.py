@@ -119,7 +119,7 @@ def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
             mode = parse_mode(explicit, "--mode value")
         except ModeValueError as exc:
             raise _UsageError(str(exc).replace("deepcopy_shim: ", "", 1)) from None
-        return None if mode is None else _from_runner(mode)
+        return None if mode is None else _from_runner(mode, f"--mode {explicit}")
     value = os.environ.get(ENV_VAR, "")
     try:
         from_environment = environment_setting(value)
@@ -129,11 +129,11 @@ def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
             "pass --mode MODE, which overrides it"
         ) from None
     # An off value in the environment does not stop the runner: running it is the request.
-    return from_environment or _from_runner(Mode.WARN)
+    return from_environment or _from_runner(Mode.WARN, "--mode warn (the runner's default)")
 
 
-def _from_runner(mode: Mode) -> ModeSetting:
-    return ModeSetting(mode, Source.RUNNER, "--mode {}")
+def _from_runner(mode: Mode, how: str) -> ModeSetting:
+    return ModeSetting(mode, Source.RUNNER, how, "--mode {}")
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:

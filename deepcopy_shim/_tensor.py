@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
-import copy
 import copyreg
 import sys
 from types import MethodType
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
 
 import torch
 import wrapt
 
-from . import _modes, _protocol, _record, _report
+from . import _modes, _record, _refusal, _report
+from ._modes import Mode
+from ._paths import existing_instance_dict
+from ._protocol import NIL, keep_alive
 from ._warnings import DetachedCopyError
 
-__all__ = ["StableFunctionWrapper", "copy_detached", "make_tensor_deepcopy_wrapper", "refusal_problem"]
+__all__ = [
+    "REFUSAL",
+    "StableFunctionWrapper",
+    "copy_detached",
+    "make_tensor_deepcopy_wrapper",
+    "neutral_torch",
+    "refusal_problem",
+]
+
+# pytest leaves this module's frames out of the tracebacks it shows: a strict refusal is
+# raised here, inside the tensor's __deepcopy__, and should read as the user's copy failing.
+__tracebackhide__ = True
 
 # What torch's refusal says, in every release from 2.0 on (older ones say less after it).
-_REFUSAL = "graph leaves"
-
-# Keys torch's own deepcopy strips from a tensor's __dict__ (`_clear_non_serializable_cached_data`):
-# PyCapsules that cannot be copied and are re-created on demand.  We drop them from the copy
-# instead of clearing them on the source, which must never change.
-_NON_SERIALIZABLE_KEYS = frozenset(
-    ("_sym_sizes_capsule", "_sym_sizes_capsule_len", "_sym_strides_capsule", "_sym_strides_capsule_len")
-)
+REFUSAL = "graph leaves"
 
 
 class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
@@ -36,9 +42,9 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
     keep one identity.  As a wrapt proxy it also hashes and compares equal to the original, so
     torch's cached sets of Tensor methods (`torch.overrides`) still recognise it.
 
-    Instance access binds with a plain `MethodType`: the wrapper then sees `instance=None`
-    and the tensor as `args[0]`, exactly as on torch's redispatch path.  Measured on copies of
-    16-element tensors this costs 1.07x native, against 1.12x for wrapt's own binding.
+    Instance access binds with a plain `MethodType`: the wrapper then sees the tensor as
+    `args[0]`, exactly as on torch's redispatch path.  Measured on copies of 16-element
+    tensors this costs 1.07x native, against 1.12x for wrapt's own binding.
     """
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -47,17 +53,66 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
         return MethodType(self, instance)
 
 
+class neutral_torch:
+    """torch as a fresh process runs it, whatever the caller set: grad mode on, inference mode
+    off, no torch function or dispatch mode (`set_default_device`, `FakeTensorMode`, a
+    user's mode), no functorch transform.  For the shim's own probes, which must give the same
+    answer under `torch.no_grad()` as anywhere else."""
+
+    def __enter__(self) -> None:
+        self._stack = []
+        for guard in _NEUTRAL:
+            manager = guard()
+            manager.__enter__()
+            self._stack.append(manager)
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._stack:
+            self._stack.pop().__exit__(*exc)
+
+
+def _disable_dispatch_modes() -> ContextManager[Any]:
+    from torch.utils import _python_dispatch
+
+    return _python_dispatch._disable_current_modes()
+
+
+_NEUTRAL: Tuple[Callable[[], Any], ...] = tuple(
+    guard for guard in (
+        torch.enable_grad,
+        lambda: torch.inference_mode(False),
+        torch._C.DisableTorchFunction,
+        _disable_dispatch_modes,
+        getattr(torch._C, "_DisableFuncTorch", None),
+    ) if guard is not None
+)
+# The answer of refusal_problem() for the Tensor.__deepcopy__ it was asked about.
+_checked: Dict[int, Tuple[Callable[..., Any], Optional[str]]] = {}
+
+
 def refusal_problem(original: Callable[..., Any]) -> Optional[str]:
     """None if `original` refuses a non-leaf tensor the way the shim expects, else why not.
 
     The shim handles exactly one error of torch's; if this torch copies non-leaf tensors itself,
     or refuses them in words the shim does not recognise, the patch must stay out of the way.
+    The probe runs in `neutral_torch()`, so the answer is the same in every grad mode,
+    inference mode and torch mode the caller may be in; it is worked out once per function.
     """
-    probe = torch.ones(1, requires_grad=True) * 2
+    known = _checked.get(id(original))
+    if known is not None and known[0] is original:
+        return known[1]
+    with neutral_torch():
+        problem = _probe(original)
+    _checked[id(original)] = (original, problem)
+    return problem
+
+
+def _probe(original: Callable[..., Any]) -> Optional[str]:
+    probe = torch.ones(1, requires_grad=True, dtype=torch.float32, device="cpu") * 2
     try:
         original(probe, {})
     except RuntimeError as exc:
-        if _REFUSAL in str(exc):
+        if REFUSAL in str(exc):
             return None
         return (f"deepcopy_shim: torch {torch.__version__} refuses to deep-copy a non-leaf tensor "
                 f"with a message deepcopy_shim does not recognise ({exc}); the shim stays out of "
@@ -71,11 +126,20 @@ def refusal_problem(original: Callable[..., Any]) -> Optional[str]:
             "shim is not needed and stays out of the way (copies behave natively).")
 
 
-def make_tensor_deepcopy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Return the wrapt wrapper function for `Tensor.__deepcopy__` around `original`."""
+def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
+                                 hold: Callable[[], ContextManager[Any]]) -> Callable[..., Any]:
+    """Return the wrapt wrapper function for `Tensor.__deepcopy__` around `original`.
+
+    `hold()` keeps the patch installed while a strict refusal is surveyed after its copy.
+    """
+    current_scope = _modes.current_scope
 
     def tensor_deepcopy(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
                         kwargs: Dict[str, Any]) -> Any:
+        scope = current_scope()
+        if scope is not None and scope.survey is not None:
+            tensor, memo = _bind(args, kwargs)
+            return scope.survey.copy_tensor(tensor, memo, sys._getframe(1), scope)
         # Delegate first, and only handle torch's "graph leaves" refusal.  Inspecting the tensor
         # before delegating (is_leaf, has_torch_function) recurses forever on the
         # __torch_function__ redispatch path; delegating first lets torch do everything it can
@@ -84,48 +148,49 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any]) -> Callable[..., 
             return wrapped(*args, **kwargs)
         except RuntimeError as exc:
             setting = _modes.current_setting()
-            if setting is None or _REFUSAL not in str(exc):
+            # torch's own refusal is a plain RuntimeError; anything else (the shim's own errors
+            # on a subclass's __torch_function__ path, a subclass's errors) passes through.
+            if setting is None or type(exc) is not RuntimeError or REFUSAL not in str(exc):
                 raise
-            tensor, memo = _bind(instance, args, kwargs)
+            tensor, memo = _bind(args, kwargs)
             if tensor.is_leaf:  # the refusal came from somewhere inside, not from this tensor
                 raise
             # torch checks is_leaf before its memo: a tensor already copied in this deepcopy
             # (reached again through a direct __deepcopy__ call) is a memo hit, not a copy.
-            existing = memo.get(id(tensor), _protocol.NIL)
-            if existing is not _protocol.NIL:
+            existing = memo.get(id(tensor), NIL)
+            if existing is not NIL:
                 return existing
+            if setting.mode is Mode.STRICT:
+                raise _refusal.refuse(tensor, sys._getframe(1), setting, exc, hold) from exc
             return copy_detached(original, tensor, memo, setting, sys._getframe(1))
 
     return tensor_deepcopy
 
 
-def _bind(instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Dict[Any, Any]]:
-    # StableFunctionWrapper always calls with instance=None and the tensor first; a wrapt
-    # rebinding (someone wrapping our wrapper) may still pass the instance separately.
-    if instance is None:
-        instance, args = args[0], args[1:]
-    memo = args[0] if args else kwargs["memo"]
-    return instance, memo
+def _bind(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
+    # StableFunctionWrapper binds with a MethodType, so the tensor always comes first.
+    return args[0], (args[1] if len(args) > 1 else kwargs["memo"])
 
 
 def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict[Any, Any],
                   setting: _modes.ModeSetting, caller: Any) -> torch.Tensor:
-    """Copy the non-leaf `tensor` as torch copies its detached leaf, then restore the rest.
+    """Copy the non-leaf `tensor` exactly as torch copies a leaf twin of it.
 
-    Going through `original` on a detached alias (rather than `clone()`) keeps torch's
-    storage memo in charge, so views and their bases copied in one deepcopy still share storage,
-    and keeps strides, offset, sparse and quantized layouts exactly as torch makes them; conj and
-    neg bits are kept as bits (torch resolves them on leaves).  Then: `requires_grad`, a
-    retained `.grad`, and a subclass's `__dict__` and slots.  `caller` is the frame that
-    called `Tensor.__deepcopy__`.
+    The twin is a detached alias of `tensor` given its instance dict (a shallow copy), its
+    slots and its retained `.grad`: torch's own function then copies it as it copies any leaf,
+    through its storage memo (so views and their bases copied in one deepcopy still share
+    storage, and strides, offset, sparse and quantized layouts are exactly as torch makes them),
+    deep-copying the grad, slots and dict as it always does (leaving out its own
+    non-serializable caches).  Conj and neg bits are kept as bits (torch resolves them on
+    leaves).  Then `requires_grad` is put back.  `caller` is the frame that called
+    `Tensor.__deepcopy__`; nothing of `tensor` changes.
 
-    The tensor enters the copy's record (see `_record`) as it is met, so that the record
-    keeps the order of the copy, and leaves it again if its copy fails: then
-    `DetachedCopyError` names the tensor's path, with torch's error as its cause (and
-    not chained under the "graph leaves" refusal).
+    In mode warn the tensor enters its copy's record (see `_record`) as it is met, so that the
+    record keeps the order of the copy, and leaves it again if its copy fails: then
+    `DetachedCopyError` names the tensor's path, with torch's error as its cause (and not
+    chained under the "graph leaves" refusal).
     """
-    record = _record.record_for(memo, setting, tensor)
-    met = record.meet(tensor, caller) if record is not None else None
+    record, met = _record.record_for(tensor, caller, setting) if setting.mode is Mode.WARN else (None, None)
     cls = type(tensor)
     try:
         with torch.no_grad():
@@ -140,33 +205,48 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
                 alias = alias.conj()
             if neg:
                 alias = torch._neg_view(alias)
-            _protocol.keep_alive(alias, memo)
+            grad = _give_state(tensor, alias)
+            keep_alive(alias, memo)
             result: torch.Tensor = original(alias, memo)
             if neg:
                 result = torch._neg_view(result)
             if conj:
                 result = result.conj()
+            if grad is not None:  # a retained grad the twin could not take: copied after it
+                result.grad = grad.__deepcopy__(memo)  # type: ignore[no-untyped-call]
     except Exception as exc:
         if record is not None and met is not None:
             record.forget(met)
-        path = _record.path_here(memo, tensor, setting)
+            if record.immediate or record.root is tensor:  # the copy that failed was its own
+                record.discard()
+        path = _record.path_here(tensor, caller)
         raise DetachedCopyError(_report.detached_copy_failure(path, tensor, exc), path=path) from exc
     memo[id(tensor)] = result
     if tensor.requires_grad:
         result.requires_grad_(True)
-    # .grad of a non-leaf is only readable without torch's warning when it is retained.
-    if tensor.retains_grad:
-        grad = tensor.grad
-        if grad is not None:
-            result.grad = copy.deepcopy(grad, memo)
+    if record is not None and record.immediate:
+        record.finish()
+    return result
+
+
+def _give_state(tensor: torch.Tensor, twin: torch.Tensor) -> Optional[torch.Tensor]:
+    """Give the leaf `twin` what torch's deepcopy copies beside the data of `tensor`: its
+    instance dict (shallow), slots and retained `.grad`.  Returns the grad if the twin could
+    not take it (the caller copies it after), else None."""
+    state = existing_instance_dict(tensor)
+    if state:
+        twin.__dict__ = dict(state)
+    cls = type(tensor)
     if cls is not torch.Tensor:
         for slot in copyreg._slotnames(cls):  # type: ignore[attr-defined]
             if hasattr(tensor, slot):
-                setattr(result, slot, copy.deepcopy(getattr(tensor, slot), memo))
-        state = tensor.__dict__
-        if not _NON_SERIALIZABLE_KEYS.isdisjoint(state):
-            state = {k: v for k, v in state.items() if k not in _NON_SERIALIZABLE_KEYS}
-        result.__dict__ = copy.deepcopy(state, memo)
-    if record is not None and met is not None:
-        record.copied(met)
-    return result
+                setattr(twin, slot, getattr(tensor, slot))
+    # .grad of a non-leaf is only readable without torch's warning when it is retained.
+    grad = tensor.grad if tensor.retains_grad else None
+    if grad is None:
+        return None
+    try:
+        twin.grad = grad
+    except (RuntimeError, TypeError):  # a twin with conj/neg bits takes no plain grad
+        return grad
+    return None

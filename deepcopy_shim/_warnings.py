@@ -12,13 +12,14 @@ import os
 import site
 import sys
 import sysconfig
+import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+
+from ._modes import Mode
 
 if TYPE_CHECKING:
     import torch
-
-    from ._modes import Mode
 
 __all__ = [
     "DeepcopyShimWarning",
@@ -47,14 +48,17 @@ class DetachedTensorsWarning(DeepcopyShimWarning):
     """Mode `warn`: a deep copy detached tensors with autograd history.
 
     One per top-level copy, emitted when the copy has completed.  `paths` names every
-    detached tensor, in the order the copy met them (the message lists the first 20).
+    detached tensor, in the order the copy met them (the message lists the first 20), and
+    `tensors` holds the same tensors (those of the source), in the same order.
     """
 
     __module__ = "deepcopy_shim"
 
-    def __init__(self, message: str, paths: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, paths: Sequence[str] = (),
+                 tensors: Sequence[torch.Tensor] = ()) -> None:
         super().__init__(message)
         self.paths: Tuple[str, ...] = tuple(paths)
+        self.tensors: Tuple[torch.Tensor, ...] = tuple(tensors)
 
 
 class PatchConflictWarning(DeepcopyShimWarning):
@@ -71,14 +75,23 @@ class TorchCompatibilityWarning(DeepcopyShimWarning):
 
 
 class NonLeafTensorError(RuntimeError):
-    """Mode `strict`: the copy met tensors with autograd history, so it was refused.
+    """Mode `strict`: the copy met a tensor with autograd history, so it was refused.
 
-    A `RuntimeError` like torch's own refusal, so `except RuntimeError` code keeps working.
-    No part of the copy escapes and the source is unchanged.
+    Raised where torch raises its own refusal, inside that tensor's `__deepcopy__`, with
+    torch's error as `__cause__`: a `RuntimeError` like torch's, so code that catches the
+    refusal (`except RuntimeError`, inside a copy or around it) behaves as without the shim,
+    and the message keeps torch's words ("graph leaves").  No part of the copy escapes and
+    the source is unchanged.
+
+    The message, `paths` and `tensors` name every tensor with history the copy would have met
+    if it had gone on to its end (what mode `silent` would detach); they are worked out when
+    first read, without copying any tensor's data, so a refusal that code catches and handles
+    costs what torch's own refusal costs.  Where that cannot be worked out in full, the message
+    says why and still names the refused tensor.
 
     Attributes:
-        paths: every tensor the copy met that it would have had to detach, in the order met,
-            as Python access paths from the copied object (`''` is the object itself).
+        paths: those tensors in the order the copy meets them, as Python access paths from the
+            copied object (`''` is the object itself).
         tensors: the same tensors (those of the source), in the same order.
         mode: the mode that refused (`Mode.STRICT`).
     """
@@ -88,9 +101,60 @@ class NonLeafTensorError(RuntimeError):
     def __init__(self, message: str, *, paths: Sequence[str], mode: Mode,
                  tensors: Sequence[torch.Tensor] = ()) -> None:
         super().__init__(message)
-        self.paths: Tuple[str, ...] = tuple(paths)
-        self.tensors: Tuple[torch.Tensor, ...] = tuple(tensors)
         self.mode = mode
+        self._report: Optional[Tuple[str, Tuple[str, ...], Tuple[Any, ...]]] = (
+            message, tuple(paths), tuple(tensors))
+        self._make: Optional[Callable[[], Tuple[str, List[str], List[Any]]]] = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def _deferred(cls, make: Callable[[], Tuple[str, List[str], List[Any]]]) -> NonLeafTensorError:
+        """An error whose message, paths and tensors `make()` returns when first read."""
+        error = cls("", paths=(), mode=Mode.STRICT)
+        error._report = None
+        error._make = make
+        return error
+
+    def _resolved(self) -> Tuple[str, Tuple[str, ...], Tuple[Any, ...]]:
+        with self._lock:
+            if self._report is None:
+                assert self._make is not None
+                message, paths, tensors = self._make()
+                self._report = (message, tuple(paths), tuple(tensors))
+                self._make = None
+            return self._report
+
+    @property
+    def paths(self) -> Tuple[str, ...]:
+        return self._resolved()[1]
+
+    @property
+    def tensors(self) -> Tuple[torch.Tensor, ...]:
+        return self._resolved()[2]
+
+    @property
+    def args(self) -> Tuple[str, ...]:
+        return (self._resolved()[0],)
+
+    @args.setter
+    def args(self, value: Sequence[Any]) -> None:
+        self._report = (str(value[0]) if value else "", *self._resolved()[1:])
+
+    def __str__(self) -> str:
+        return self._resolved()[0]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def __reduce__(self) -> Any:
+        # Pickled (sent back from a worker process) as what it says; the tensors, which hold
+        # autograd history and cannot be pickled, stay behind.
+        message, paths, _ = self._resolved()
+        return (_rebuild_refusal, (message, paths, self.mode))
+
+
+def _rebuild_refusal(message: str, paths: Tuple[str, ...], mode: Mode) -> NonLeafTensorError:
+    return NonLeafTensorError(message, paths=paths, mode=mode)
 
 
 class DetachedCopyError(RuntimeError):
@@ -109,6 +173,10 @@ class DetachedCopyError(RuntimeError):
 
 
 # --- where a warning points ------------------------------------------------------------------
+
+# pytest leaves this module's frames out of the tracebacks it shows (a warning escalated to an
+# error by -W error is raised in warn_in_user_code): what a user reads ends at their own line.
+__tracebackhide__ = True
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _library_dirs: Optional[Tuple[str, ...]] = None

@@ -42,11 +42,15 @@ _MARKER_FIXTURE = "_deepcopy_shim_marker"
 
 
 class _Session:
-    """What the option/ini asked for: the setting (None: off) and the `DEEPCOPY_SHIM` value
-    to restore at the end of the session."""
+    """What the option/ini asked for (the setting; None: off), and what to restore at the end
+    of the session: the global setting and the `DEEPCOPY_SHIM` value in effect before it (a
+    session run inside another one, as `pytester.runpytest_inprocess` runs them, gives the
+    outer session back its own)."""
 
-    def __init__(self, setting: Optional[ModeSetting], previous_env: Optional[str]) -> None:
+    def __init__(self, setting: Optional[ModeSetting], previous: Optional[ModeSetting],
+                 previous_env: Optional[str]) -> None:
         self.setting = setting
+        self.previous = previous
         self.previous_env = previous_env
 
 
@@ -77,14 +81,14 @@ def pytest_configure(config: pytest.Config) -> None:
         value, how, what = ini, "`deepcopy_shim = {}` in the pytest ini file", "ini value deepcopy_shim ="
     from ._activation import set_global
     from ._bootstrap import ENV_VAR
-    from ._modes import ModeSetting, ModeValueError, Source, parse_mode
+    from ._modes import ModeSetting, ModeValueError, Source, global_setting, parse_mode
 
     try:
         mode = parse_mode(value, what)
     except ModeValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    setting = None if mode is None else ModeSetting(mode, Source.PYTEST, how)
-    config.stash[_SESSION_KEY] = _Session(setting, os.environ.get(ENV_VAR))
+    setting = None if mode is None else ModeSetting(mode, Source.PYTEST, how.format(value.strip()), how)
+    config.stash[_SESSION_KEY] = _Session(setting, global_setting(), os.environ.get(ENV_VAR))
     set_global(setting)
     # Child processes of the tests (spawn workers, subprocess) are activated by the .pth hook.
     os.environ[ENV_VAR] = mode.value if mode is not None else "off"
@@ -97,8 +101,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     from ._activation import set_global
     from ._bootstrap import ENV_VAR
 
-    if session.setting is not None:
-        set_global(None)
+    set_global(session.previous)
     if session.previous_env is None:
         os.environ.pop(ENV_VAR, None)
     else:

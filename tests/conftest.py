@@ -15,17 +15,19 @@ from support.models import (
 )
 
 import deepcopy_shim
-from deepcopy_shim import _patch
+from deepcopy_shim import _patch, _record
 
 
 @pytest.fixture(autouse=True)
 def _shim_is_left_clean() -> Iterator[None]:
-    """Every test starts and ends with the shim off and torch exactly as it was."""
+    """Every test starts and ends with the shim off, torch exactly as it was, and no record of
+    a copy left open in this thread."""
     yield
     deepcopy_shim.disable()
-    assert not _patch.is_installed()
+    assert _patch.state() in ("off", "inert"), _patch.state()
     assert vars(torch.Tensor)["__deepcopy__"] is ORIGINAL_TENSOR_DEEPCOPY
     assert module_attrs() == ORIGINAL_MODULE_ATTRS
+    assert _record.open_records() == []
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from support.processes import DEV_PYTHON, REPO, clean_env, describe, run_code
 
 import deepcopy_shim
-from deepcopy_shim import Mode, Source, _activation, _bootstrap, _modes
+from deepcopy_shim import Mode, ModeSetting, Source, _activation, _bootstrap
 from deepcopy_shim._bootstrap import activate_from_environment, environment_setting
 from deepcopy_shim._modes import OFF_WORDS, ON_WORDS
 from deepcopy_shim._warnings import print_notice
@@ -55,7 +55,7 @@ def test_activate_enables_in_the_named_mode() -> None:
     setting = deepcopy_shim.current_mode()
     assert setting is not None and deepcopy_shim.is_enabled()
     assert (setting.mode, setting.source, setting.spelled()) == (
-        Mode.STRICT, Source.ENVIRONMENT, "DEEPCOPY_SHIM=strict")
+        Mode.STRICT, Source.ENVIRONMENT, "DEEPCOPY_SHIM=Strict")
 
 
 def test_activate_off_and_unset_change_nothing() -> None:
@@ -67,7 +67,8 @@ def test_activate_off_and_unset_change_nothing() -> None:
 def test_explicit_code_wins_after_activation() -> None:
     activate_from_environment({"DEEPCOPY_SHIM": "warn"})
     deepcopy_shim.enable("silent")
-    assert _modes.global_setting() == (Mode.SILENT, Source.CODE, "deepcopy_shim.enable({!r})")
+    assert deepcopy_shim.current_mode() == ModeSetting(
+        Mode.SILENT, Source.CODE, "deepcopy_shim.enable('silent')")
     deepcopy_shim.disable()
     assert not deepcopy_shim.is_enabled()
 

@@ -211,11 +211,11 @@ LAZY_SRC = PROBE_SRC + textwrap.dedent(
     """
     import copy, warnings
     from deepcopy_shim import _patch
-    print("installed before import torch:", _patch.is_installed())
+    print("installed before import torch:", (_patch.state() == "installed"))
     """
 ) + CHILD_NET_SRC + textwrap.dedent(
     """
-    print("installed after import torch:", _patch.is_installed())
+    print("installed after import torch:", (_patch.state() == "installed"))
     net = make_child_net()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -18,10 +18,13 @@ ON = [*ON_WORDS, "ON", " Yes ", True]
 OFF = [*OFF_WORDS, "OFF", " No ", False]
 
 
-@pytest.mark.parametrize("word", [*ON, "warn", "WARN", Mode.WARN])
+@pytest.mark.parametrize("word", [*ON, "warn", "WARN", Mode.WARN, 1])
 def test_on_words_mean_warn_at_every_door(word: Any, cached_net: CachedActivationsNet) -> None:
     deepcopy_shim.enable(word)
-    assert deepcopy_shim.current_mode() == (Mode.WARN, Source.CODE, "deepcopy_shim.enable({!r})")
+    written = "deepcopy_shim.Mode.WARN" if word is Mode.WARN else repr(word)
+    setting = deepcopy_shim.current_mode()
+    assert setting == ModeSetting(Mode.WARN, Source.CODE, f"deepcopy_shim.enable({written})")
+    assert setting is not None and setting.spelled("silent") == "deepcopy_shim.enable('silent')"
     deepcopy_shim.disable()
     with deepcopy_shim.enabled(word):
         assert deepcopy_shim.current_mode().mode is Mode.WARN  # type: ignore[union-attr]
@@ -103,7 +106,7 @@ def test_an_off_scope_installs_nothing(cached_net: CachedActivationsNet) -> None
     from deepcopy_shim import _patch
 
     with deepcopy_shim.enabled(False):
-        assert not _patch.is_installed()
+        assert not (_patch.state() == "installed")
         with pytest.raises(RuntimeError, match="graph leaves"):
             copy.deepcopy(cached_net)
-    assert not _patch.is_installed()
+    assert not (_patch.state() == "installed")

@@ -193,7 +193,10 @@ def test_subclass_torch_cannot_copy_fails_with_one_clear_error() -> None:
     holder = {"acts": [as_nonleaf(torch.randn(2)).as_subclass(Bare)]}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing is announced for a copy that then fails
-        for mode in ("silent", "warn", "strict"):
+        with deepcopy_shim.enabled("strict"), pytest.raises(deepcopy_shim.NonLeafTensorError) as refused:
+            copy.deepcopy(holder)  # strict refuses where torch does, before any copy is tried
+        assert refused.value.paths == ("['acts'][0]",)
+        for mode in ("silent", "warn"):
             with deepcopy_shim.enabled(mode), pytest.raises(deepcopy_shim.DetachedCopyError) as shim:
                 copy.deepcopy(holder)
             error = shim.value
