@@ -284,3 +284,241 @@ def check_graph(desc: Any, specs: List[TensorSpec], memo_kind: str) -> str:
         assert warn_messages == []
     GraphDiff(graph, twin_copy, warned_copy).check()
     return native_outcome
+
+
+# --- nesting and failure: copies made inside copies, caught refusals, copies that fail -------
+#
+# Classes whose __deepcopy__ nests another copy: with the same memo under a scope of another
+# mode, with a try/except fallback that catches torch's refusal, as an explicit
+# deepcopy_shim.deepcopy() or a find_nonleaf_tensors() question, or that raise.  The oracle
+# for silent and warn (native deepcopy with a stand-in Tensor.__deepcopy__ that detaches) must
+# not call the shim while it has replaced Tensor.__deepcopy__, so each class has an oracle form
+# (`_ORACLE`), and tensors met inside a copy of the class's own (an explicit call, a scope) are
+# not the top-level copy's: the stand-in records only outside them (`_INNER`).
+
+_ORACLE = [False]
+_INNER = [0]
+
+
+class _Nests(Plain):
+    def _new(self, memo: Dict[int, Any]) -> Any:
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        return new
+
+
+class FallsBackOnRefusal(_Nests):
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        new = self._new(memo)
+        try:
+            state = copy.deepcopy(self.__dict__, memo)
+        except RuntimeError as exc:
+            assert GRAPH_LEAVES in str(exc)
+            _INNER[0] += 1
+            try:
+                state = copy.deepcopy(self.__dict__) if _ORACLE[0] else deepcopy_shim.deepcopy(
+                    self.__dict__, "silent")
+            finally:
+                _INNER[0] -= 1
+        new.__dict__.update(state)
+        return new
+
+
+class SilentScopeInside(_Nests):
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        new = self._new(memo)
+        _INNER[0] += 1
+        try:
+            if _ORACLE[0]:
+                state = copy.deepcopy(self.__dict__, memo)
+            else:
+                with deepcopy_shim.enabled("silent"):
+                    state = copy.deepcopy(self.__dict__, memo)
+        finally:
+            _INNER[0] -= 1
+        new.__dict__.update(state)
+        return new
+
+
+class ExplicitCopyInside(_Nests):
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        new = self._new(memo)
+        _INNER[0] += 1
+        try:
+            state = copy.deepcopy(self.__dict__) if _ORACLE[0] else deepcopy_shim.deepcopy(
+                self.__dict__, "silent")
+        finally:
+            _INNER[0] -= 1
+        new.__dict__.update(state)
+        return new
+
+
+class AsksInside(_Nests):
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        if not _ORACLE[0]:  # a question: it changes nothing of the copy around it
+            deepcopy_shim.find_nonleaf_tensors(self.__dict__)
+        new = self._new(memo)
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+
+class RaisesOnCopy(Plain):
+    def __deepcopy__(self, memo: Dict[int, Any]) -> None:
+        raise ValueError("this object cannot be copied")
+
+
+NESTING: Dict[str, type] = {
+    **WRAPPERS, "falls_back": FallsBackOnRefusal, "silent_scope": SilentScopeInside,
+    "explicit_copy": ExplicitCopyInside, "asks": AsksInside, "raises": RaisesOnCopy,
+}
+
+
+def _nesting_graph(pool_size: int) -> st.SearchStrategy[Any]:
+    tensor = st.tuples(st.just("tensor"), st.integers(0, pool_size - 1))
+    leaves = st.one_of(tensor, tensor, st.tuples(st.just("atom"), st.integers(-3, 3)))
+
+    def extend(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+        names = st.sampled_from(["a", "b", "cache"])
+        return st.one_of(
+            st.tuples(st.just("list"), st.lists(children, max_size=3)),
+            st.tuples(st.just("dict"), st.dictionaries(names, children, max_size=3)),
+            st.tuples(st.sampled_from(sorted(NESTING)), st.dictionaries(names, children, max_size=3)),
+        )
+
+    return st.recursive(leaves, extend, max_leaves=8)
+
+
+def _build_nesting(desc: Any, pool: List[torch.Tensor]) -> Any:
+    kind, body = desc
+    if kind == "atom":
+        return body
+    if kind == "tensor":
+        return pool[body]
+    if kind == "list":
+        return [_build_nesting(child, pool) for child in body]
+    if kind == "dict":
+        return {key: _build_nesting(child, pool) for key, child in body.items()}
+    return NESTING[kind](**{key: _build_nesting(child, pool) for key, child in body.items()})
+
+
+def _outcome(call: Callable[[], Any]) -> Tuple[str, Any]:
+    try:
+        return "ok", call()
+    except deepcopy_shim.NonLeafTensorError as refusal:
+        return "refused", refusal
+    except RuntimeError as exc:
+        if type(exc) is RuntimeError and GRAPH_LEAVES in str(exc):
+            return "graph-leaves", exc
+        return "error", (type(exc), str(exc))
+    except ValueError as exc:
+        return "error", (type(exc), str(exc))
+
+
+def _oracle_detaching(graph: Any, memo: Optional[Dict[int, Any]]) -> Tuple[List[torch.Tensor], Tuple[str, Any]]:
+    original = vars(torch.Tensor)["__deepcopy__"]
+    met: List[torch.Tensor] = []
+
+    def detaching(self: torch.Tensor, memo: Dict[Any, Any]) -> torch.Tensor:
+        if self.is_leaf:
+            return original(self, memo)  # type: ignore[no-any-return]
+        if id(self) in memo:
+            return memo[id(self)]  # type: ignore[no-any-return]
+        if not _INNER[0]:
+            met.append(self)
+        alias = self.detach()
+        memo.setdefault(id(memo), []).append(alias)
+        made = original(alias, memo).requires_grad_(self.requires_grad)
+        memo[id(self)] = made
+        return made  # type: ignore[no-any-return]
+
+    torch.Tensor.__deepcopy__ = detaching  # type: ignore[method-assign]
+    _ORACLE[0] = True
+    try:
+        return met, _outcome(lambda: copy.deepcopy(graph, memo))
+    finally:
+        _ORACLE[0] = False
+        torch.Tensor.__deepcopy__ = original  # type: ignore[method-assign]
+
+
+def _same(source: Any, expected: Tuple[str, Any], got: Tuple[str, Any]) -> None:
+    assert got[0] == expected[0], (expected, got)
+    if got[0] == "ok":
+        GraphDiff(source, expected[1], got[1]).check()
+    elif got[0] == "error":
+        assert got[1] == expected[1]
+
+
+def _in_scope(mode: Any, graph: Any, memo: Optional[Dict[int, Any]]) -> Tuple[Tuple[str, Any], List[Any]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with deepcopy_shim.enabled(mode):
+            outcome = _outcome(lambda: copy.deepcopy(graph, memo))
+    if memo is not None:  # nothing of the shim's is left in a memo the caller keeps
+        assert type(dict.get(memo, id(memo), [])) is list
+    return outcome, [w.message for w in caught if w.category is deepcopy_shim.DetachedTensorsWarning]
+
+
+def check_nesting(desc: Any, specs: List[TensorSpec], memo_kind: str) -> str:
+    pool = _make_tensors(specs)
+    graph = _build_nesting(desc, pool)
+    new_memo = MEMOS[memo_kind]
+
+    native = _outcome(lambda: copy.deepcopy(graph, new_memo()))
+    met, twin = _oracle_detaching(graph, new_memo())
+
+    # no mode: exactly native, with the patch installed (a global mode switched off here)
+    deepcopy_shim.enable("warn")
+    try:
+        off, off_warnings = _in_scope(False, graph, new_memo())
+    finally:
+        deepcopy_shim.disable()
+    _same(graph, native, off)
+    assert not off_warnings
+
+    # strict: refuses exactly where native raises torch's refusal, naming what silent meets
+    strict, strict_warnings = _in_scope("strict", graph, new_memo())
+    assert not strict_warnings
+    if native[0] == "graph-leaves":
+        assert strict[0] == "refused", strict
+        assert [id(t) for t in strict[1].tensors] == [id(t) for t in met]
+        assert type(strict[1].__cause__) is RuntimeError
+    else:
+        _same(graph, native, strict)
+
+    # silent and warn: the detached twin's copy; warn names what it detached, once
+    for mode in ("silent", "warn"):
+        outcome, messages = _in_scope(mode, graph, new_memo())
+        _same(graph, twin, outcome)
+        if mode == "silent" or outcome[0] != "ok" or not met:
+            assert messages == []
+        else:
+            (message,) = messages
+            assert [id(t) for t in message.tensors] == [id(t) for t in met]
+    return native[0]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), specs=_tensors(), memo_kind=st.sampled_from(sorted(MEMOS)))
+def test_copies_nested_in_copies_and_copies_that_fail_are_exactly_native(
+        data: st.DataObject, specs: List[TensorSpec], memo_kind: str) -> None:
+    outcome = check_nesting(data.draw(_nesting_graph(len(specs)), label="graph"), specs, memo_kind)
+    event(f"native: {outcome}")
+
+
+NESTED: Dict[str, Tuple[Any, List[TensorSpec]]] = {
+    "fallback_then_refusal": (("list", [("falls_back", {"a": ("tensor", 0)}), ("tensor", 1)]),
+                              [HISTORY, TensorSpec("history", 3)]),
+    "scope_then_raise": (("list", [("silent_scope", {"a": ("tensor", 0)}), ("raises", {})]), [HISTORY]),
+    "refusal_then_raise": (("list", [("tensor", 0), ("raises", {})]), [HISTORY]),
+    "explicit_copy_shares_nothing": (("list", [("explicit_copy", {"a": ("tensor", 0)}), ("tensor", 0)]),
+                                     [HISTORY]),
+    "question_inside": (("dict", {"q": ("asks", {"a": ("tensor", 0)}), "b": ("tensor", 1)}),
+                        [HISTORY, TensorSpec("history", 3)]),
+}
+
+
+@pytest.mark.parametrize("memo_kind", sorted(MEMOS))
+@pytest.mark.parametrize("name", sorted(NESTED))
+def test_nesting_and_failure_on_chosen_graphs(name: str, memo_kind: str) -> None:
+    desc, specs = NESTED[name]
+    check_nesting(desc, specs, memo_kind)
