@@ -134,6 +134,26 @@ def module_heavy_nonleaf(device: torch.device) -> nn.Module:
     return model
 
 
+def big_refused(layers: int, device: torch.device) -> nn.Module:
+    """The big model whose *first* module caches an activation: every deep copy is refused
+    there (by torch, or by the shim in mode strict), after copying that module's parameters."""
+    model = big(layers).to(device)
+    model[0].cached = model[0](torch.randn(4, 2048, device=device))
+    return model
+
+
+def refusal(copier: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A method that expects ``copier`` to refuse, and reads the refusal's whole message (the
+    shim's strict message is worked out when first read: that is part of its cost)."""
+    def refused(obj: Any) -> str:
+        try:
+            copier(obj)
+        except RuntimeError as exc:
+            return str(exc)
+        raise AssertionError("the copy was not refused")
+    return refused
+
+
 def bare_tensor(device: torch.device) -> torch.Tensor:
     return torch.randn(1024, 1024, device=device)
 
@@ -181,14 +201,20 @@ class Method:
     name: str
     fn: Callable[[Any], Any]
     mode: Optional[str] = None  # the shim's mode while it runs; None: the patch is removed
-    kind: str = "copy"  # "copy", "workaround" or "limit"
+    kind: str = "copy"  # "copy", "workaround", "limit" or "refusal"
 
 
 def methods_for(
-    rebuild: Optional[Callable[[], nn.Module]], tensors: List[torch.Tensor]
+    rebuild: Optional[Callable[[], nn.Module]], tensors: List[torch.Tensor], refused: bool = False
 ) -> List[Method]:
     """The methods measured on one model; ``tensors`` are what the clone limit copies (found
-    once, outside the timed calls)."""
+    once, outside the timed calls).  A model every copy refuses (``refused``) is measured by
+    its refusals: torch's own, and mode strict's with its message read."""
+    if refused:
+        return [
+            Method("torch's refusal", refusal(copy.deepcopy), kind="refusal"),
+            Method("shim strict refusal", refusal(copy.deepcopy), "strict", kind="refusal"),
+        ]
     found = [Method("native deepcopy", copy.deepcopy)]
     if copium is not None:
         found.append(Method("copium.deepcopy", copium.deepcopy))
@@ -319,16 +345,27 @@ class Case:
     rebuild: Optional[Callable[[], nn.Module]] = None
     results: Dict[str, Result] = field(default_factory=dict)
     model_bytes: int = 0
+    refused: bool = False  # every copy of it is refused: measured by its refusals
 
     def ratio(self, numerator: str, denominator: str, regime: str) -> Optional[float]:
-        """Median over rounds of time(numerator) / time(denominator); None if one failed."""
-        a, b = self.results[numerator], self.results[denominator]
-        if a.error or b.error:
+        """Median over rounds of time(numerator) / time(denominator); None if one failed (or
+        was not measured on this model)."""
+        a, b = self.results.get(numerator), self.results.get(denominator)
+        if a is None or b is None or a.error or b.error:
             return None
         return statistics.median(x / y for x, y in zip(a.times[regime], b.times[regime]))
 
+    def difference(self, a: str, b: str, regime: str) -> Optional[float]:
+        """Median over rounds of time(a) - time(b), in milliseconds; None if one failed."""
+        ra, rb = self.results[a], self.results[b]
+        if ra.error or rb.error:
+            return None
+        return statistics.median((x - y) * 1e3 for x, y in zip(ra.times[regime], rb.times[regime]))
+
     def limit(self, regime: str) -> str:
         limits = [r for r in self.results.values() if r.method.kind == "limit" and not r.error]
+        if not limits:  # a refused model has no limit row
+            return "torch's refusal"
         return min(limits, key=lambda r: r.median(regime)).method.name
 
 
@@ -339,7 +376,7 @@ def run_case(case: Case, device: torch.device, regimes: List[str], label: str) -
     obj = case.build()
     tensors = tensors_of(obj)
     case.model_bytes = model_bytes(tensors)
-    methods = methods_for(case.rebuild, tensors)
+    methods = methods_for(case.rebuild, tensors, case.refused)
     live: List[Method] = []
     for method in methods:  # warm-up; methods that refuse this object are reported as such
         result = case.results[method.name] = Result(case.name, method)
@@ -389,6 +426,7 @@ class Target:
     limit: float
     higher_is_better: bool
     info_only: bool = False  # shown beside the targets, not one of them
+    unit: str = "x"  # "x" for a ratio; " ms" or " MB" for a difference
 
     def passed(self, regime: str) -> bool:
         value = self.values.get(regime)
@@ -400,12 +438,12 @@ class Target:
         op = ">=" if self.higher_is_better else "<="
         parts = []
         for regime, value in self.values.items():
-            shown = "n/a" if value is None else f"{value:.2f}x"
+            shown = "n/a" if value is None else f"{value:.2f}{self.unit}"
             verdict = "" if self.info_only else (" PASS" if self.passed(regime) else " FAIL")
             parts.append(f"{regime} {shown}{verdict}")
         verdict = "PASS" if all(map(self.passed, self.values)) else "FAIL"
         head = "info" if self.info_only else verdict
-        return f"{head:4s}  {self.text} (target {op} {self.limit}x): " + ", ".join(parts)
+        return f"{head:4s}  {self.text} (target {op} {self.limit}{self.unit}): " + ", ".join(parts)
 
 
 def targets(cases: Dict[str, Case], series: List[str]) -> List[Target]:
@@ -451,6 +489,21 @@ def targets(cases: Dict[str, Case], series: List[str]) -> List[Target]:
         add("warn / silent", case, "shim warn", named(shim), 1.05, False)
     for case in ("module-heavy non-leaf", "transformer non-leaf"):
         add("warn / silent", case, "shim warn", named(shim), 1.15, False)
+    # A strict refusal costs what torch's own refusal costs: it is raised where torch raises,
+    # and its message (every tensor the copy would meet) is made without copying any data.
+    c = cases.get("big refused")
+    if c is not None:
+        strict, torch_refusal = "shim strict refusal", "torch's refusal"
+        found.append(Target(
+            "big refused: strict refusal time - torch's refusal time, message included",
+            {key: c.difference(strict, torch_refusal, key) for key in series}, 250.0, False,
+            unit=" ms",
+        ))
+        a, b = c.results[strict].peak, c.results[torch_refusal].peak
+        found.append(Target(
+            "big refused: strict refusal peak extra memory - torch's",
+            {"one call": None if a is None or b is None else (a - b) / MB}, 32.0, False, unit=" MB",
+        ))
     return found
 
 
@@ -616,6 +669,7 @@ def main(argv: Optional[List[str]] = None) -> int:
              lambda: transformer_structure(enc_layers).to(device)),
         Case("module-heavy non-leaf", lambda: module_heavy_nonleaf(device), rounds(15),
              lambda: module_heavy().to(device)),
+        Case("big refused", lambda: big_refused(big_layers, device), rounds(9), refused=True),
         Case("bare tensor", lambda: bare_tensor(device), rounds(41)),
         Case("dict of 1000 tensors", lambda: tensor_dict(device), rounds(31)),
     ]
@@ -627,6 +681,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         run_case(case, device, regimes, f"[{number}/{len(cases)}]")
     series = [f"{regime} {clock}" for regime in regimes for clock in ("wall", "cpu")]
     found = targets(cases, series)
+    if quick:  # small models and 3 rounds: the figures say nothing about the targets
+        for target in found:
+            target.info_only = True
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if device.type == "cpu" else f"-{device.type}"
     write_table(cases, found, regimes, args, device, args.out / f"benchmark{suffix}.md")
@@ -637,6 +694,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(target.line())
     missed = [t for t in found if not t.info_only and not all(map(t.passed, t.values))]
     scored = [t for t in found if not t.info_only]
+    if quick:
+        print(f"quick run: {len(found)} targets shown, none judged (small models, 3 rounds); "
+              "run without --quick to judge them")
+        return 0
     if not missed:
         print(f"all {len(scored)} targets met")
         return 0

@@ -306,13 +306,14 @@ def deepcopy(obj: _T, mode: ModeLike = "warn") -> _T:
     if setting is not None:
         _patch.acquire()
     try:
-        entered = _modes.push_scope(owner, setting, sys._getframe(0))
+        # This frame is the scope's boundary: nothing it names may hold the scope (a cycle
+        # through the frame would keep the whole memo alive until the garbage collector runs).
+        _modes.push_scope(owner, setting, sys._getframe(0))
         try:
             memo: Dict[Any, Any] = {}
             return copy.deepcopy(obj, memo)
         finally:
-            _modes.pop_scope(owner)
-            _scope_ended(entered.boundary)
+            _scope_ended(_modes.pop_scope(owner).boundary)
     finally:
         if setting is not None:
             _patch.release()

@@ -150,6 +150,12 @@ class Tracker:
                 del self.met[index]
                 return
 
+    def release(self) -> None:
+        """Let go of the frames: once the copy is over, holding them would hold their locals
+        (the copy made so far) in cycles only the garbage collector could free."""
+        self.met.clear()
+        self.frames.clear()
+
     def entries(self) -> List[Entry]:
         """Every tensor met, in order, with its path from the root."""
         locator = Locator(self.root)
@@ -212,7 +218,7 @@ class CopyRecord(Tracker):
         if not self.met:
             return
         entries = self.entries()
-        self.frames.clear()  # the frames are finishing; holding them would hold their locals
+        self.release()
         warn_in_user_code(DetachedTensorsWarning(
             _report.detached_warning(self.root, self.setting, entries),
             [e.label for e in entries], [e.tensor for e in entries],
@@ -222,8 +228,7 @@ class CopyRecord(Tracker):
     def discard(self) -> None:
         """The copy failed: nothing was detached, nothing is said."""
         self._end()
-        self.met.clear()
-        self.frames.clear()
+        self.release()
 
     def _end(self) -> bool:
         if not self.open:

@@ -62,9 +62,7 @@ class _RefusedCopy:
             entries, error = _survey.run(root, memo, self.hold)
         except Exception as exc:  # the survey itself could not start
             return [], f"{type(exc).__name__}: {exc}"
-        if error is not None:
-            return entries, f"{type(error).__name__}: {error}"
-        return entries, None
+        return entries, error
 
     def _before_the_copy(self, root: Any, walked: List[Any]) -> Dict[Any, Any]:
         """The memo's entries that were there before the copy began (a memo used again, one
@@ -84,17 +82,19 @@ _latest = threading.local()  # the last refused copy of this thread, weakly
 
 def refuse(tensor: torch.Tensor, caller: Any, setting: ModeSetting, error: RuntimeError,
            hold: _Hold) -> NonLeafTensorError:
-    """The `NonLeafTensorError` for `tensor`, which torch refused with `error`, met by the
-    frame `caller` in mode strict (`setting`); `hold()` keeps the patch installed for a survey
-    made later.  The caller raises it from `error`."""
+    """The `NonLeafTensorError` for `tensor`, which torch refused with `error` (its cause),
+    met by the frame `caller` in mode strict (`setting`); `hold()` keeps the patch installed
+    for a survey made later.  The caller raises it."""
     root_frame, walked = top_level(caller)
     torch_words = str(error)
     if root_frame is None:  # a direct __deepcopy__ call: the tensor is all there is
         entries = [Entry(tensor, "", None)]
-        return NonLeafTensorError(
+        refusal = NonLeafTensorError(
             _report.strict_refusal(tensor, setting, entries, None, torch_words),
             paths=[e.label for e in entries], mode=Mode.STRICT, tensors=[tensor],
         )
+        refusal.__cause__ = error
+        return refusal
     cached = getattr(_latest, "copy", None)
     refused = cached() if cached is not None else None
     if refused is None or refused.root_frame is not root_frame:
@@ -112,4 +112,6 @@ def refuse(tensor: torch.Tensor, caller: Any, setting: ModeSetting, error: Runti
         message = _report.strict_refusal(copied_by(root_frame), setting, entries, problem, torch_words)
         return message, [e.label for e in entries], [e.tensor for e in entries]
 
-    return NonLeafTensorError._deferred(report)
+    refusal = NonLeafTensorError._deferred(report)
+    refusal.__cause__ = error
+    return refusal

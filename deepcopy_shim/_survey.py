@@ -193,18 +193,25 @@ def dry_memo(like: Any = None, entries: Optional[Dict[Any, Any]] = None) -> Any:
 
 
 def run(root: Any, memo: Any, hold: Callable[[], ContextManager[Any]]
-        ) -> Tuple[List[Entry], Optional[BaseException]]:
+        ) -> Tuple[List[Entry], Optional[str]]:
     """Survey the copy of `root` with `memo` (from `dry_memo`) while `hold()` keeps the patch
-    installed; return the tensors with history met, located, and what stopped the copy, if
-    anything did (the entries then are those met until then)."""
+    installed; return the tensors with history met, located, and what stopped the copy
+    (`"TypeError: ..."`), if anything did (the entries then are those met until then)."""
     survey = Survey(root)
-    error: Optional[BaseException] = None
-    with hold():
-        survey.scope = _modes.push_scope(survey, _SETTING, sys._getframe(0), survey=survey)
-        try:
-            copy.deepcopy(root, memo)
-        except Exception as exc:
-            error = exc
-        finally:
-            _modes.pop_scope(survey)
-    return survey.tracker.entries(), error
+    error: Optional[str] = None
+    try:
+        with hold():
+            survey.scope = _modes.push_scope(survey, _SETTING, sys._getframe(0), survey=survey)
+            try:
+                copy.deepcopy(root, memo)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"  # the words: the error would hold this frame
+            finally:
+                _modes.pop_scope(survey)
+        return survey.tracker.entries(), error
+    finally:
+        # The scope holds this frame, which holds the survey: break that cycle (and let go of
+        # the survey's frames), so that what the survey made is freed when it returns.
+        survey.scope = None
+        survey.captured.clear()
+        survey.tracker.release()

@@ -146,25 +146,42 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
         # (leaves, memo hits, subclasses, sparse, quantized) exactly as it always does.
         try:
             return wrapped(*args, **kwargs)
-        except RuntimeError as exc:
-            setting = _modes.current_setting()
-            # torch's own refusal is a plain RuntimeError; anything else (the shim's own errors
-            # on a subclass's __torch_function__ path, a subclass's errors) passes through.
-            if setting is None or type(exc) is not RuntimeError or REFUSAL not in str(exc):
-                raise
-            tensor, memo = _bind(args, kwargs)
-            if tensor.is_leaf:  # the refusal came from somewhere inside, not from this tensor
-                raise
-            # torch checks is_leaf before its memo: a tensor already copied in this deepcopy
-            # (reached again through a direct __deepcopy__ call) is a memo hit, not a copy.
-            existing = memo.get(id(tensor), NIL)
-            if existing is not NIL:
-                return existing
-            if setting.mode is Mode.STRICT:
-                raise _refusal.refuse(tensor, sys._getframe(1), setting, exc, hold) from exc
-            return copy_detached(original, tensor, memo, setting, sys._getframe(1))
+        except RuntimeError:
+            # No `as` name: torch's error must not stay in this frame's locals, which its own
+            # traceback holds (a cycle that would keep the copy made so far alive until the
+            # garbage collector runs; native deepcopy frees it as soon as the error is handled).
+            return _refused(original, args, kwargs, sys._getframe(1), hold)
 
     return tensor_deepcopy
+
+
+def _refused(original: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any],
+             caller: Any, hold: Callable[[], ContextManager[Any]]) -> Any:
+    """Handle the RuntimeError torch just raised (the one being handled) for the copy
+    `original(*args)` called by the frame `caller`: re-raise it unless it is torch's "graph
+    leaves" refusal of that very tensor and a mode applies; then refuse (strict) or copy the
+    tensor detached (warn, silent).  No frame here names an exception: each is in its own
+    traceback, and a name would make a cycle holding the copy made so far."""
+    setting = _modes.current_setting()
+    if setting is None or not _is_torch_refusal(sys.exc_info()[1]):
+        raise
+    tensor, memo = _bind(args, kwargs)
+    if tensor.is_leaf:  # the refusal came from somewhere inside, not from this tensor
+        raise
+    # torch checks is_leaf before its memo: a tensor already copied in this deepcopy (reached
+    # again through a direct __deepcopy__ call) is a memo hit, not a copy.
+    existing = memo.get(id(tensor), NIL)
+    if existing is not NIL:
+        return existing
+    if setting.mode is Mode.STRICT:
+        raise _refusal.refuse(tensor, caller, setting, sys.exc_info()[1], hold)  # type: ignore[arg-type]
+    return copy_detached(original, tensor, memo, setting, caller)
+
+
+def _is_torch_refusal(exc: Any) -> bool:
+    # torch's own refusal is a plain RuntimeError; anything else (the shim's own errors on a
+    # subclass's __torch_function__ path, a subclass's errors) passes through.
+    return type(exc) is RuntimeError and REFUSAL in str(exc)
 
 
 def _bind(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
@@ -214,19 +231,27 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
                 result = result.conj()
             if grad is not None:  # a retained grad the twin could not take: copied after it
                 result.grad = grad.__deepcopy__(memo)  # type: ignore[no-untyped-call]
-    except Exception as exc:
-        if record is not None and met is not None:
-            record.forget(met)
-            if record.immediate or record.root is tensor:  # the copy that failed was its own
-                record.discard()
-        path = _record.path_here(tensor, caller)
-        raise DetachedCopyError(_report.detached_copy_failure(path, tensor, exc), path=path) from exc
+    except Exception:
+        _detached_copy_failed(record, met, tensor, caller)
     memo[id(tensor)] = result
     if tensor.requires_grad:
         result.requires_grad_(True)
     if record is not None and record.immediate:
         record.finish()
     return result
+
+
+def _detached_copy_failed(record: Optional[_record.CopyRecord], met: Any, tensor: torch.Tensor,
+                          caller: Any) -> None:
+    """The detached copy of `tensor` raised (the exception being handled): nothing was
+    detached; raise `DetachedCopyError` naming the tensor, with torch's error as its cause."""
+    if record is not None and met is not None:
+        record.forget(met)
+        if record.immediate or record.root is tensor:  # the copy that failed was its own
+            record.discard()
+    path = _record.path_here(tensor, caller)
+    error = sys.exc_info()[1]
+    raise DetachedCopyError(_report.detached_copy_failure(path, tensor, error), path=path) from error  # type: ignore[arg-type]
 
 
 def _give_state(tensor: torch.Tensor, twin: torch.Tensor) -> Optional[torch.Tensor]:

@@ -407,7 +407,8 @@ def test_a_caught_refusal_is_not_surveyed_and_reading_it_copies_no_tensor_data(
     assert CountsCopies.copies == 0  # the copy stopped at the tensor, as torch's does
     clones: List[Any] = []
     original_clone = torch.Tensor.clone
-    monkeypatch.setattr(torch.Tensor, "clone", lambda self, *a, **k: clones.append(self) or original_clone(self, *a, **k))
+    monkeypatch.setattr(torch.Tensor, "clone",
+                        lambda self, *a, **k: clones.append(self) or original_clone(self, *a, **k))
     assert refused.value.paths == ("[0].cached",)  # read now: the survey runs once
     assert CountsCopies.copies == 1 and clones == []
     assert str(refused.value).count("[0].cached") >= 1 and CountsCopies.copies == 1
@@ -486,3 +487,55 @@ def test_copies_under_any_grad_mode_behave_as_in_grad_mode(grad_mode: Any) -> No
         assert refused.value.paths == CachedActivationsNet.PATHS
         (w,) = warned(lambda: deepcopy_shim.deepcopy(model, "warn"))
         assert w.paths == CachedActivationsNet.PATHS
+
+
+# --- what a copy made is freed when it ends, as native deepcopy frees it ---------------------
+
+
+class _Bare(torch.Tensor):  # torch cannot deep-copy it even as a leaf
+    pass
+
+
+def _cached_model() -> nn.Module:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    model[0].cached = model[0](torch.ones(1, 8))
+    return model
+
+
+def _refused_and_read(mode: str, obj: Any) -> None:
+    with pytest.raises(NonLeafTensorError) as refused:
+        deepcopy_shim.deepcopy(obj, mode)
+    assert refused.value.paths  # read: the survey runs
+    del refused
+
+
+def _fails(error: type, obj: Any) -> None:
+    with pytest.raises(error):
+        deepcopy_shim.deepcopy(obj, "warn")
+
+
+FREED: Dict[str, Any] = {
+    "warn": lambda: deepcopy_shim.deepcopy(_cached_model(), "warn"),
+    "silent": lambda: deepcopy_shim.deepcopy([_cached_model()], "silent"),
+    "strict, message read": lambda: _refused_and_read("strict", {"m": _cached_model()}),
+    "a failed warn copy": lambda: _fails(ValueError, [_cached_model(), Raises()]),
+    "a detached copy that fails": lambda: _fails(deepcopy_shim.DetachedCopyError,
+                                                 [with_history().as_subclass(_Bare)]),
+    "find_nonleaf_tensors": lambda: deepcopy_shim.find_nonleaf_tensors(_cached_model()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FREED))
+def test_what_a_copy_made_is_freed_when_it_ends_without_the_garbage_collector(name: str) -> None:
+    """No reference cycle through the shim's frames, scopes or errors: a partial copy on a GPU
+    would otherwise hold device memory until the garbage collector happens to run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        FREED[name]()  # warm: first-use caches are not garbage
+        gc.collect()
+        gc.disable()
+        try:
+            FREED[name]()
+        finally:
+            gc.enable()
+    assert gc.collect() == 0

@@ -414,7 +414,8 @@ def _outcome(call: Callable[[], Any]) -> Tuple[str, Any]:
         return "error", (type(exc), str(exc))
 
 
-def _oracle_detaching(graph: Any, memo: Optional[Dict[int, Any]]) -> Tuple[List[torch.Tensor], Tuple[str, Any]]:
+def _oracle_detaching(graph: Any, memo: Optional[Dict[int, Any]]
+                      ) -> Tuple[List[torch.Tensor], Tuple[str, Any]]:
     original = vars(torch.Tensor)["__deepcopy__"]
     met: List[torch.Tensor] = []
 
