@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copyreg
 import gc
-import sys
 from collections import OrderedDict
 from types import FunctionType, MethodType
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -25,6 +24,7 @@ __all__ = ["ModuleDeepcopy", "copy_module"]
 __tracebackhide__ = True
 
 _referents = gc.get_referents
+_owned = _record.OWNED
 Parameter = torch.nn.Parameter
 # nn.Module has no __getstate__ of its own in torch 2.0, and object has one only since Python
 # 3.11: either may be missing.
@@ -115,10 +115,10 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
         new = _copy_module(module, memo)
     except BaseException:
         if _record.open_records():
-            _record.module_copy_ended(sys._getframe(0), failed=True)
+            _record.module_copy_ended(module, failed=True)
         raise
-    if _record.open_records():
-        _record.module_copy_ended(sys._getframe(0), failed=False)
+    if id(module) in _owned:  # the root of a copy whose record this call finishes
+        _record.module_copy_ended(module, failed=False)
     return new
 
 

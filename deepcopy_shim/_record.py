@@ -42,6 +42,7 @@ from ._warnings import DetachedTensorsWarning, warn_in_user_code
 
 __all__ = [
     "CopyRecord",
+    "OWNED",
     "Tracker",
     "copied_by",
     "module_copy_ended",
@@ -67,32 +68,53 @@ class _Met(NamedTuple):
     """The copy frames the tensor was met under, outermost first."""
 
 
-def walk(caller: _Frame, boundary: _Frame, captured: _Captured
-         ) -> Tuple[List[_Frame], Optional[Tuple[_Frame, Any]], Optional[_Frame]]:
-    """The copy frames from `caller` out to `boundary` (excluded), innermost first.
+class _Walk(NamedTuple):
+    walked: List[_Frame]
+    """Copy frames from the caller outward, innermost first (none the walk stopped at)."""
+    hit: Optional[Tuple[_Frame, Any]]
+    """The `captured` entry (frame, owner) the walk stopped at, or None."""
+    outermost: Optional[_Frame]
+    """The outermost root frame walked: the top-level copy so far."""
+    owner: Optional[_Frame]
+    """The module copier frame that copies what `outermost` copies, if any."""
 
-    Stops early at a frame in `captured` (id -> (frame, owner)) and returns that entry second.
-    Third: the outermost root frame walked (the top-level copy so far), counting `caller`
-    itself when it is the deepcopy frame of the object being copied; that frame is not in the
-    first list (the object it copies is the one being met).
+
+def walk(caller: _Frame, boundary: _Frame, captured: _Captured) -> _Walk:
+    """The copy frames from `caller` out to `boundary` (excluded), or to the first frame in
+    `captured` (id -> (frame, owner)).
+
+    `caller` itself counts as a root frame when it is the deepcopy frame of the object being
+    copied, but is not walked (the object it copies is the one being met).  A module copier
+    called by deepcopy copies the very object its caller copies: it is not walked either,
+    only remembered as that frame's owner.
     """
     copy_frames = _protocol.COPY_FRAMES
     root_frames = _protocol.ROOT_FRAMES
-    own = caller.f_code is _protocol.DEEPCOPY_CODE
+    owner_frames = _protocol.OWNER_FRAMES
+    deepcopy_code = _protocol.DEEPCOPY_CODE
+    own = caller.f_code is deepcopy_code
     outermost = caller if own else None
+    owner = inner = None
     frame = caller.f_back if own else caller
     walked: List[_Frame] = []
     while frame is not None and frame is not boundary:
-        key = id(frame.f_code)
+        code = frame.f_code
+        key = id(code)
         if key in copy_frames:
             hit = captured.get(id(frame))
             if hit is not None and hit[0] is frame:
-                return walked, hit, outermost
-            walked.append(frame)
-            if key in root_frames:
-                outermost = frame
+                return _Walk(walked, hit, outermost, owner)
+            back = frame.f_back
+            if key in owner_frames and back is not None and back.f_code is deepcopy_code:
+                inner = frame  # deepcopy's own frame, next, copies the same module
+            else:
+                walked.append(frame)
+                if key in root_frames:
+                    outermost = frame
+                    owner = inner if inner is not None and inner.f_back is frame else (
+                        frame if key in owner_frames else None)
         frame = frame.f_back
-    return walked, None, outermost
+    return _Walk(walked, None, outermost, owner)
 
 
 def _boundary() -> _Frame:
@@ -103,8 +125,8 @@ def _boundary() -> _Frame:
 def top_level(caller: _Frame) -> Tuple[Optional[_Frame], List[_Frame]]:
     """The root frame of the top-level copy `caller` is part of (None: no copy frame), and the
     copy frames from it in to `caller`, innermost first."""
-    walked, _, outermost = walk(caller, _boundary(), {})
-    return outermost, _up_to(walked, outermost)
+    found = walk(caller, _boundary(), {})
+    return found.outermost, _up_to(found.walked, found.outermost)
 
 
 def _up_to(walked: List[_Frame], root_frame: Optional[_Frame]) -> List[_Frame]:
@@ -191,7 +213,7 @@ class CopyRecord(Tracker):
     """What mode `warn` reports about one top-level copy; see the module docstring for when
     and by whom it ends."""
 
-    __slots__ = ("root_frame", "boundary", "setting", "owner", "memo", "open")
+    __slots__ = ("root_frame", "boundary", "setting", "owner", "memo", "open", "finished_by_owner")
 
     def __init__(self, root: Any, root_frame: Optional[_Frame], boundary: _Frame,
                  setting: ModeSetting) -> None:
@@ -201,12 +223,13 @@ class CopyRecord(Tracker):
         self.setting = setting
         self.owner: Optional[_Frame] = None  # the shim frame that finishes it, if any
         self.memo: Any = None  # the memo whose keep-alive list watches for its end, if any
+        self.finished_by_owner = False  # no keep-alive list: the owner finishes it as it returns
         self.open = True
 
     @property
     def immediate(self) -> bool:
         """True for a record whose end cannot be seen: it reports each tensor as copied."""
-        return self.root_frame is None or (self.owner is None and self.memo is None)
+        return self.memo is None and not self.finished_by_owner
 
     def finish(self) -> None:
         """The copy is complete: one `DetachedTensorsWarning` naming every tensor detached.
@@ -242,6 +265,8 @@ class CopyRecord(Tracker):
         if self.memo is not None:
             _unhook(self.memo, self)
             self.memo = None
+        if self.finished_by_owner:
+            _owned(self, -1)
         return True
 
 
@@ -293,6 +318,22 @@ def _unhook(memo: Any, record: CopyRecord) -> None:
         _protocol.own_set(memo, id(memo), list(keep))
 
 
+# id(root module) -> how many open records (in all threads) its module copier finishes as
+# it returns: every other module copier only looks its own id up there.
+OWNED: Dict[int, int] = {}
+_owned_lock = threading.Lock()
+
+
+def _owned(record: CopyRecord, change: int) -> None:
+    key = id(record.root)
+    with _owned_lock:
+        count = OWNED.get(key, 0) + change
+        if count:
+            OWNED[key] = count
+        else:
+            del OWNED[key]
+
+
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.records: List[CopyRecord] = []  # open records of this thread, oldest first
@@ -308,7 +349,7 @@ def record_for(tensor: torch.Tensor, caller: _Frame, setting: ModeSetting
     `caller`), made on its first tensor; and the tensor's entry in it."""
     state = _state
     boundary = _boundary()
-    walked, hit, outermost = walk(caller, boundary, state.captured)
+    walked, hit, outermost, owner = walk(caller, boundary, state.captured)
     if hit is not None and hit[1].boundary is boundary:
         record: CopyRecord = hit[1]
         for frame in walked:
@@ -323,8 +364,15 @@ def record_for(tensor: torch.Tensor, caller: _Frame, setting: ModeSetting
         return record, record.add(tensor, [], None)
     walked = _up_to(walked, outermost)
     record = CopyRecord(copied_by(outermost), outermost, boundary, setting)
-    record.owner = _owner(outermost, walked)
-    if record.owner is None and outermost.f_code is _protocol.DEEPCOPY_CODE:
+    # A module at the root: its copier finishes the record when it returns, and discards it if
+    # it raises.  Any other root: deepcopy's own last keep-alive append for it finishes it (a
+    # Python call for every object the copy completes: the module copier's one look on return
+    # is far cheaper, so modules never take this way).
+    record.owner = owner
+    if owner is not None:
+        _owned(record, +1)
+        record.finished_by_owner = True
+    elif outermost.f_code is _protocol.DEEPCOPY_CODE:
         memo = outermost.f_locals[_protocol.MEMO_LOCAL]
         if _hookable(memo):
             _hook(memo, record)
@@ -336,24 +384,17 @@ def record_for(tensor: torch.Tensor, caller: _Frame, setting: ModeSetting
     return record, record.add(tensor, walked, None)
 
 
-def _owner(root_frame: _Frame, walked: List[_Frame]) -> Optional[_Frame]:
-    """The module copier frame that copies the root, if the root is a module it copies."""
-    if id(root_frame.f_code) in _protocol.OWNER_FRAMES:
-        return root_frame
-    if len(walked) >= 2 and walked[-1] is root_frame:
-        below = walked[-2]
-        if id(below.f_code) in _protocol.OWNER_FRAMES and copied_by(below) is copied_by(root_frame):
-            return below
-    return None
-
-
-def module_copy_ended(frame: _Frame, failed: bool) -> None:
-    """The module copier `frame` returns (or raises): finish (discard) the records it owns."""
-    for record in [r for r in _state.records if r.owner is frame]:
-        if failed:
-            record.discard()
-        else:
-            record.finish()
+def module_copy_ended(module: Any, failed: bool) -> None:
+    """The module copier that copies `module` (its caller's frame) raises (`failed`), or
+    returns: discard the records it owns, or finish those only it can see end.  Looks at
+    frames only for a record whose root is `module`."""
+    for record in _state.records:
+        if record.root is module and record.owner is sys._getframe(1):
+            if failed:
+                record.discard()
+            elif record.finished_by_owner:
+                record.finish()
+            return
 
 
 def scope_ended(boundary: _Frame) -> None:

@@ -112,7 +112,7 @@ class Survey:
 
     def _meet(self, tensor: _Tensor, caller: Any) -> None:
         assert self.scope is not None
-        walked, hit, _ = walk(caller, self.scope.boundary, self.captured)
+        walked, hit, _, _ = walk(caller, self.scope.boundary, self.captured)
         for frame in walked:
             self.captured[id(frame)] = (frame, self)
         self.tracker.add(tensor, walked, hit[0] if hit is not None else None)
