@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Ty
 
 from . import _modes, _patch
 from ._modes import Mode, ModeSetting, Source
+from ._names import class_name
 
 if TYPE_CHECKING:
     import torch
@@ -212,7 +213,7 @@ class enabled:
             return self._decorate_test_case(func)  # type: ignore[return-value]
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
             raise TypeError(
-                f"deepcopy_shim.enabled cannot decorate the generator function {func.__qualname__}: "
+                f"deepcopy_shim.enabled cannot decorate the generator function {func.__name__}: "
                 "its body runs outside the call; use `with deepcopy_shim.enabled(...):` inside it."
             )
         scope = self
@@ -242,7 +243,7 @@ class enabled:
         if not issubclass(cls, unittest.TestCase):
             raise TypeError(
                 f"deepcopy_shim.enabled can decorate functions and unittest.TestCase subclasses, "
-                f"not the class {cls.__qualname__}: decorate its methods, or use "
+                f"not the class {class_name(cls)}: decorate its methods, or use "
                 "`with deepcopy_shim.enabled(...):` inside them."
             )
         prefix = unittest.TestLoader.testMethodPrefix

@@ -30,7 +30,9 @@ from typing import Any, Deque, Dict, Iterator, NamedTuple, Optional, Sequence, S
 
 import torch
 
-__all__ = ["Entry", "Locator", "class_name", "display", "existing_instance_dict"]
+from ._names import class_name
+
+__all__ = ["Entry", "Locator", "display", "existing_instance_dict"]
 
 _Module = torch.nn.Module
 _Tensor = torch.Tensor
@@ -51,11 +53,6 @@ _PLAIN_REDUCTIONS = {
 def display(path: str) -> str:
     """The path as shown and returned: without the leading dot of a first attribute step."""
     return path[1:] if path.startswith(".") else path
-
-
-def class_name(cls: type) -> str:
-    """`Outer.Inner` for a nested class, without the `<locals>` of one defined in a function."""
-    return cls.__qualname__.rsplit("<locals>.", 1)[-1]
 
 
 class Entry(NamedTuple):

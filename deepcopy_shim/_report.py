@@ -11,7 +11,8 @@ import textwrap
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from ._modes import ModeSetting
-from ._paths import Entry, class_name
+from ._names import a_name_of
+from ._paths import Entry
 from ._warnings import TorchCompatibilityWarning, warn_in_user_code
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) 
     """Mode warn: the copy of `root` is complete and detached `entries`."""
     count = len(entries)
     return "\n".join([
-        f"deepcopy_shim: deep copy of {_a(root)} detached {_tensors(count)} with autograd history:",
+        f"deepcopy_shim: deep copy of {a_name_of(root)} detached {_tensors(count)} with autograd history:",
         *_listing(entries, "all are in the warning's .paths"),
         _fill(
             "Each copy is a leaf with the same values and requires_grad, without the graph. "
@@ -73,7 +74,7 @@ def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
         target = f"obj{example.path}"  # a raw path starts with "." or "["
         how = [f"    {target} = {target}.detach()", f"    del {target}"]
     lines = [
-        f"deepcopy_shim: refused to copy {_a(root)} holding {_tensors(count)} with autograd history:",
+        f"deepcopy_shim: refused to copy {a_name_of(root)} holding {_tensors(count)} with autograd history:",
         *_listing(entries, "all are in the error's .paths"),
     ]
     if incomplete is not None:
@@ -130,21 +131,6 @@ def note_untested_torch_once() -> None:
     if torch_newer_than_tested(torch.__version__):
         newest = tested_range_text(TESTED_TORCH).split("-")[1]
         warn_in_user_code(TorchCompatibilityWarning(untested_torch(torch.__version__, newest)))
-
-
-def _a(obj: Any) -> str:
-    """`a Net`, `an Actor`, `an MLP`: the article as the class name is read aloud."""
-    name = class_name(type(obj))
-    return f"{_article(name)} {name}"
-
-
-def _article(name: str) -> str:
-    if name[:2].isupper():  # an acronym (MLP, LSTM, GPT2Model): read letter by letter
-        return "an" if name[0] in "AEFHILMNORSX" else "a"
-    first, rest = name[:1].lower(), name[1:4].lower()
-    if first == "u" and rest.startswith(("ni", "se", "su", "ti", "ra", "re", "ri", "ro")):
-        return "a"  # a Unit, a User: a "you" sound
-    return "an" if first in "aeiou" else "a"
 
 
 def _tensors(count: int) -> str:

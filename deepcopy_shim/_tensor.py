@@ -147,35 +147,27 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
         try:
             return wrapped(*args, **kwargs)
         except RuntimeError:
-            # No `as` name: torch's error must not stay in this frame's locals, which its own
-            # traceback holds (a cycle that would keep the copy made so far alive until the
-            # garbage collector runs; native deepcopy frees it as soon as the error is handled).
-            return _refused(original, args, kwargs, sys._getframe(1), hold)
+            # No name here holds an exception: each is in a traceback that holds this frame, a
+            # cycle that would keep the copy made so far alive until the garbage collector ran
+            # (native deepcopy frees it as soon as the error is handled).  And the refusal is
+            # raised from this very frame: the one frame of the shim's a traceback shows.
+            setting = _modes.current_setting()
+            if setting is None or not _is_torch_refusal(sys.exc_info()[1]):
+                raise
+            tensor, memo = _bind(args, kwargs)
+            if tensor.is_leaf:  # the refusal came from somewhere inside, not from this tensor
+                raise
+            # torch checks is_leaf before its memo: a tensor already copied in this deepcopy
+            # (reached again through a direct __deepcopy__ call) is a memo hit, not a copy.
+            existing = memo.get(id(tensor), NIL)
+            if existing is not NIL:
+                return existing
+            if setting.mode is Mode.STRICT:
+                # refuse() makes torch's error the cause (B904)
+                raise _refusal.refuse(tensor, sys._getframe(1), setting, sys.exc_info()[1], hold)  # type: ignore[arg-type]  # noqa: B904
+            return copy_detached(original, tensor, memo, setting, sys._getframe(1))
 
     return tensor_deepcopy
-
-
-def _refused(original: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any],
-             caller: Any, hold: Callable[[], ContextManager[Any]]) -> Any:
-    """Handle the RuntimeError torch just raised (the one being handled) for the copy
-    `original(*args)` called by the frame `caller`: re-raise it unless it is torch's "graph
-    leaves" refusal of that very tensor and a mode applies; then refuse (strict) or copy the
-    tensor detached (warn, silent).  No frame here names an exception: each is in its own
-    traceback, and a name would make a cycle holding the copy made so far."""
-    setting = _modes.current_setting()
-    if setting is None or not _is_torch_refusal(sys.exc_info()[1]):
-        raise
-    tensor, memo = _bind(args, kwargs)
-    if tensor.is_leaf:  # the refusal came from somewhere inside, not from this tensor
-        raise
-    # torch checks is_leaf before its memo: a tensor already copied in this deepcopy (reached
-    # again through a direct __deepcopy__ call) is a memo hit, not a copy.
-    existing = memo.get(id(tensor), NIL)
-    if existing is not NIL:
-        return existing
-    if setting.mode is Mode.STRICT:
-        raise _refusal.refuse(tensor, caller, setting, sys.exc_info()[1], hold)  # type: ignore[arg-type]
-    return copy_detached(original, tensor, memo, setting, caller)
 
 
 def _is_torch_refusal(exc: Any) -> bool:
