@@ -1,8 +1,9 @@
 """`python -m deepcopy_shim --check`: what a bug report needs, in a few lines.
 
-Versions and the tested ranges, the start-up hook, `DEEPCOPY_SHIM` and what it resolves to,
-the state of the patch in this process, and a live self-test of every mode on a real non-leaf
-tensor.  Exit status 1, with one line saying what, when something is wrong.
+Versions and the tested ranges, the platform and the GPUs torch sees, the start-up hook,
+`DEEPCOPY_SHIM` and what it resolves to, the state of the patch in this process, and a live
+self-test of every mode on a real non-leaf tensor.  Exit status 1, with one line saying what,
+when something is wrong.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import platform
 import site
 import sys
 import warnings
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from . import __version__, _patch
 from ._bootstrap import ENV_VAR, environment_setting
 from ._modes import ModeValueError
-from ._support import TESTED_PYTHON, TESTED_TORCH, minor_of, tested_range_text
+from ._support import TESTED_PYTHON, TESTED_TORCH, TESTED_WRAPT, minor_of, tested_range_text
 
 __all__ = ["check", "find_startup_hook"]
 
@@ -50,6 +51,69 @@ def _range_note(version: str, tested: Tuple[Tuple[int, int], Tuple[int, int]]) -
     if minor > tested[1]:
         return f"newer than the tested {span}: untested, the self-test below decides"
     return f"tested: {span}"
+
+
+def _platform_line() -> str:
+    """`Linux 6.8.0-45-generic x86_64, glibc 2.35`: what the OS and the C library are."""
+    text = " ".join(part for part in (platform.system(), platform.release(), platform.machine()) if part)
+    try:
+        libc, version = platform.libc_ver()
+    except (OSError, ValueError):  # it may read sys.executable's binary
+        libc, version = "", ""
+    if libc:
+        text += f", {libc} {version}".rstrip()
+    elif platform.system() == "Linux":
+        text += ", libc unknown"  # musl, or a static interpreter
+    return text or "unknown"
+
+
+def _device_names(cuda: Any, count: int) -> str:
+    """`NVIDIA H200 x2, Tesla T4`: names in device order, repeats counted."""
+    names: List[str] = []
+    for index in range(count):
+        try:
+            names.append(str(cuda.get_device_name(index)))
+        except Exception as exc:  # a device that cannot be queried is still a device
+            names.append(f"device {index} unreadable ({type(exc).__name__})")
+    seen = {name: names.count(name) for name in names}  # insertion order: first appearance
+    return ", ".join(name if times == 1 else f"{name} x{times}" for name, times in seen.items())
+
+
+def _gpu_line(torch: Any) -> str:
+    """What torch was built for (CUDA, ROCm/HIP, MPS) and the devices it sees; never raises.
+
+    A build without CUDA is answered without touching a driver; otherwise torch's own queries
+    run with their warnings ("Found no NVIDIA driver") silenced: no driver means no CUDA here,
+    not a problem.
+    """
+    version = getattr(torch, "version", None)
+    hip, cuda = getattr(version, "hip", None), getattr(version, "cuda", None)
+    built = f"ROCm/HIP {hip}" if hip else f"CUDA {cuda}" if cuda else None
+    parts = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if built is None:
+            parts.append("no CUDA (torch built without CUDA)")
+        else:
+            try:
+                count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            except Exception as exc:
+                reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                parts.append(f"no CUDA: torch built with {built}, its device query failed ({reason})")
+            else:
+                if count:
+                    devices = "1 device" if count == 1 else f"{count} devices"
+                    parts.append(f"{built}, {devices}: {_device_names(torch.cuda, count)}")
+                else:
+                    parts.append(f"no CUDA: torch built with {built}, no device visible "
+                                 "(no driver or no GPU)")
+        try:
+            mps = torch.backends.mps
+            if mps.is_built():
+                parts.append("MPS available" if mps.is_available() else "MPS built, not available")
+        except Exception:  # a torch without torch.backends.mps: nothing to say
+            pass
+    return "; ".join(parts)
 
 
 def _self_test() -> List[str]:
@@ -97,10 +161,12 @@ def check() -> int:
     lines = [f"deepcopy-shim {__version__}"]
     python = platform.python_version()
     lines.append(f"  python         {python} ({_range_note(python, TESTED_PYTHON)})  {sys.executable}")
+    lines.append(f"  platform       {_platform_line()}")
     try:
         import wrapt
 
-        lines.append(f"  wrapt          {getattr(wrapt, '__version__', '?')}")
+        wrapt_version = str(getattr(wrapt, "__version__", "?"))
+        lines.append(f"  wrapt          {wrapt_version} ({_range_note(wrapt_version, TESTED_WRAPT)})")
     except ImportError as exc:
         problems.append(f"wrapt cannot be imported ({exc}): reinstall deepcopy-shim")
     hook = find_startup_hook()
@@ -127,6 +193,7 @@ def check() -> int:
 
         setting_now = current_mode()
         lines.append(f"  torch          {torch.__version__} ({_range_note(torch.__version__, TESTED_TORCH)})")
+        lines.append(f"  gpu            {_gpu_line(torch)}")
         lines.append(f"  this process   mode {setting_now or 'off'}; patch {_patch.state()}")
         if _patch.inert_reason():
             problems.append(str(_patch.inert_reason()))

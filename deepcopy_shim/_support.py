@@ -11,11 +11,15 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
-__all__ = ["TESTED_PYTHON", "TESTED_TORCH", "minor_of", "tested_range_text", "torch_newer_than_tested"]
+__all__ = [
+    "TESTED_PYTHON", "TESTED_TORCH", "TESTED_WRAPT",
+    "minor_of", "tested_range_text", "torch_newer_than_tested",
+]
 
 # (oldest, newest) minor release of each, as the tox matrix runs them.
 TESTED_TORCH = ((2, 0), (2, 15))
 TESTED_PYTHON = ((3, 9), (3, 13))
+TESTED_WRAPT = ((1, 14), (2, 5))  # tox.ini: wrapt1 pins 1.14.0, the others get the newest 2.x (2.5.2)
 
 
 def minor_of(version: str) -> Optional[Tuple[int, int]]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import platform
-from typing import Tuple
+import warnings
+from types import SimpleNamespace
+from typing import Any, Callable, List, Optional, Tuple
 
 import pytest
 import torch
+import wrapt
 from support.processes import DEV_PYTHON, clean_env, describe, run
 
 import deepcopy_shim
@@ -26,13 +29,152 @@ def test_all_good(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monkey
     lines = out.splitlines()
     assert lines[0] == f"deepcopy-shim {deepcopy_shim.__version__}"
     assert f"  python         {platform.python_version()} (tested: 3.9-3.13)" in out
+    assert f"  platform       {platform.system()} {platform.release()} {platform.machine()}" in out
+    assert f"  wrapt          {getattr(wrapt, '__version__', '?')} (tested: 1.14-2.5)" in lines
     assert f"  torch          {torch.__version__} (tested: 2.0-2.15)" in out
     assert "  DEEPCOPY_SHIM  unset (off)" in lines
     assert "  this process   mode off; patch off" in lines
+    assert any(line.startswith("  gpu            ") for line in lines)
     assert lines[-1] == "all good; paste this output into bug reports"
     assert "self-test      ok" in out
     assert len(lines) <= 12
     assert not deepcopy_shim.is_enabled()  # the self-test leaves nothing enabled
+
+
+def test_the_platform_line_names_the_system_the_machine_and_the_libc(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(platform, "system", lambda: "Linux")
+    monkeypatch.setattr(platform, "release", lambda: "6.8.0-45-generic")
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("glibc", "2.35"))
+    assert _doctor._platform_line() == "Linux 6.8.0-45-generic aarch64, glibc 2.35"
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("", ""))  # musl
+    assert _doctor._platform_line() == "Linux 6.8.0-45-generic aarch64, libc unknown"
+
+    def unreadable() -> Tuple[str, str]:
+        raise OSError("sys.executable cannot be read")
+
+    monkeypatch.setattr(platform, "libc_ver", unreadable)
+    assert _doctor._platform_line() == "Linux 6.8.0-45-generic aarch64, libc unknown"
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(platform, "release", lambda: "23.4.0")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(platform, "libc_ver", lambda: ("", ""))
+    assert _doctor._platform_line() == "Darwin 23.4.0 arm64"  # no libc to name outside Linux
+
+
+def test_the_platform_line_is_this_machines(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = check(capsys)
+    libc, version = platform.libc_ver()
+    expected = f"  platform       {platform.system()} {platform.release()} {platform.machine()}"
+    if libc:
+        expected += f", {libc} {version}"
+    assert expected in out.splitlines()
+
+
+@pytest.mark.parametrize(("version", "note"), [
+    ("1.14.0", "tested: 1.14-2.5"),
+    ("2.5.2", "tested: 1.14-2.5"),
+    ("1.13.3", "OLDER than the tested 1.14-2.5: not supported"),
+    ("2.6.0", "newer than the tested 1.14-2.5: untested, the self-test below decides"),
+])
+def test_the_wrapt_line_says_whether_it_is_in_the_tested_range(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, version: str, note: str) -> None:
+    monkeypatch.setattr(wrapt, "__version__", version)
+    _, out, _ = check(capsys)
+    assert f"  wrapt          {version} ({note})" in out.splitlines()
+
+
+def fake_torch(cuda: Optional[str] = None, hip: Optional[str] = None, available: Any = False,
+               names: Tuple[str, ...] = (), mps: Optional[bool] = None) -> Any:
+    """A stand-in with torch's query functions; `available` may be a callable that raises."""
+    def is_available() -> bool:
+        warnings.warn("CUDA initialization: Found no NVIDIA driver on your system.", stacklevel=2)
+        return available() if callable(available) else bool(available)
+
+    def get_device_name(index: int) -> str:
+        return names[index]
+
+    def mps_is_built() -> bool:
+        if mps is None:
+            raise AttributeError("no torch.backends.mps in this torch")
+        return True
+
+    return SimpleNamespace(
+        version=SimpleNamespace(cuda=cuda, hip=hip),
+        cuda=SimpleNamespace(is_available=is_available, device_count=lambda: len(names),
+                             get_device_name=get_device_name),
+        backends=SimpleNamespace(mps=SimpleNamespace(is_built=mps_is_built, is_available=lambda: bool(mps))),
+    )
+
+
+def _refuse() -> bool:
+    raise RuntimeError("CUDA driver initialization failed,\nyou might not have a CUDA gpu.")
+
+
+@pytest.mark.parametrize(("torch_like", "line"), [
+    (fake_torch(), "no CUDA (torch built without CUDA)"),
+    (fake_torch(cuda="12.8"), "no CUDA: torch built with CUDA 12.8, no device visible (no driver or no GPU)"),
+    (fake_torch(cuda="12.8", available=_refuse),
+     "no CUDA: torch built with CUDA 12.8, its device query failed (RuntimeError: CUDA driver "
+     "initialization failed, you might not have a CUDA gpu.)"),
+    (fake_torch(cuda="12.8", available=True, names=("NVIDIA H200",)), "CUDA 12.8, 1 device: NVIDIA H200"),
+    (fake_torch(cuda="12.8", available=True, names=("NVIDIA H200", "NVIDIA H200")),
+     "CUDA 12.8, 2 devices: NVIDIA H200 x2"),
+    (fake_torch(cuda="12.1", available=True, names=("NVIDIA A100-SXM4-80GB", "Tesla T4")),
+     "CUDA 12.1, 2 devices: NVIDIA A100-SXM4-80GB, Tesla T4"),
+    (fake_torch(hip="6.2.41133", available=True, names=("AMD Instinct MI300X",)),
+     "ROCm/HIP 6.2.41133, 1 device: AMD Instinct MI300X"),
+    (fake_torch(mps=True), "no CUDA (torch built without CUDA); MPS available"),
+    (fake_torch(mps=False), "no CUDA (torch built without CUDA); MPS built, not available"),
+])
+def test_the_gpu_line(torch_like: Any, line: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _doctor._gpu_line(torch_like) == line
+    assert caught == []  # torch's "no driver" warning is not the user's business here
+
+
+def test_a_device_that_cannot_be_named_is_still_counted() -> None:
+    torch_like = fake_torch(cuda="12.8", available=True, names=("NVIDIA H200",))
+    torch_like.cuda.device_count = lambda: 2  # names[1] raises IndexError
+    line = _doctor._gpu_line(torch_like)
+    assert line == "CUDA 12.8, 2 devices: NVIDIA H200, device 1 unreadable (IndexError)"
+
+
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, version: Optional[str], names: List[str]) -> None:
+    monkeypatch.setattr(torch.version, "cuda", version)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: bool(names))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
+    get_name: Callable[[int], str] = names.__getitem__
+    monkeypatch.setattr(torch.cuda, "get_device_name", get_name)
+
+
+@pytest.mark.parametrize(("version", "names", "line"), [
+    (None, [], "no CUDA (torch built without CUDA)"),
+    ("12.8", [], "no CUDA: torch built with CUDA 12.8, no device visible (no driver or no GPU)"),
+    ("12.8", ["NVIDIA H200", "NVIDIA H200"], "CUDA 12.8, 2 devices: NVIDIA H200 x2"),
+])
+def test_the_report_has_the_gpu_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                     version: Optional[str], names: List[str], line: str) -> None:
+    monkeypatch.delenv("DEEPCOPY_SHIM", raising=False)
+    monkeypatch.setattr(torch.backends.mps, "is_built", lambda: False)
+    _fake_cuda(monkeypatch, version, names)
+    status, out, err = check(capsys)
+    assert status == 0 and err == ""  # no GPU is information, not a problem
+    assert f"  gpu            {line}" in out.splitlines()
+
+
+def test_the_gpu_line_is_this_machines(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = check(capsys)
+    (line,) = [line for line in out.splitlines() if line.startswith("  gpu ")]
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        assert f", {count} device{'s' if count > 1 else ''}: " in line
+        assert torch.cuda.get_device_name(0) in line
+    else:
+        assert line.split()[1:3] == ["no", "CUDA"]
 
 
 def test_it_reports_the_mode_in_effect_and_where_it_came_from(
@@ -83,3 +225,5 @@ def test_from_the_command_line() -> None:
         # started with the variable set: the start-up hook enabled it, the check imported torch
         assert "  this process   mode warn (from DEEPCOPY_SHIM=warn); patch installed" in proc.stdout
         assert "deepcopy_shim.pth" in proc.stdout
+        assert f"  platform       {platform.system()} " in proc.stdout
+        assert "  gpu            " in proc.stdout
