@@ -10,8 +10,7 @@ package at interpreter start-up, before pytest could rewrite it; it holds no ass
 """
 
 from ._activation import current_mode, deepcopy, disable, enable, enabled, find_nonleaf_tensors, is_enabled
-from ._modes import Mode, ModeSetting, Source
-from ._warnings import (
+from ._errors import (
     DeepcopyShimWarning,
     DetachedCopyError,
     DetachedTensorsWarning,
@@ -19,6 +18,7 @@ from ._warnings import (
     PatchConflictWarning,
     TorchCompatibilityWarning,
 )
+from ._modes import Mode, ModeSetting, Source
 
 __version__ = "0.2.0"
 

@@ -349,7 +349,7 @@ def find_nonleaf_tensors(obj: Any) -> List[Tuple[str, torch.Tensor]]:
 def _found_by_copying(obj: Any) -> List[Tuple[str, torch.Tensor]]:
     import warnings
 
-    from ._warnings import DetachedTensorsWarning
+    from ._errors import DetachedTensorsWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -17,7 +17,7 @@ import os
 from typing import Mapping, Optional
 
 from ._modes import Mode, ModeSetting, ModeValueError, Source, parse_mode
-from ._warnings import print_notice
+from ._notices import print_notice
 
 __all__ = ["ENV_VAR", "activate_from_environment", "environment_setting", "startup_failure"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import site
 import sys
 import warnings
 from typing import Any, List, Optional, Tuple
@@ -18,7 +17,8 @@ from typing import Any, List, Optional, Tuple
 from . import __version__, _patch
 from ._bootstrap import ENV_VAR, environment_setting
 from ._modes import ModeValueError
-from ._support import TESTED_PYTHON, TESTED_TORCH, TESTED_WRAPT, minor_of, tested_range_text
+from ._sites import site_packages_dirs
+from ._tested import TESTED_PYTHON, TESTED_TORCH, TESTED_WRAPT, minor_of, tested_range_text
 
 __all__ = ["check", "find_startup_hook"]
 
@@ -27,14 +27,7 @@ _HOOK = "deepcopy_shim.pth"
 
 def find_startup_hook() -> Optional[str]:
     """The path of the `deepcopy_shim.pth` that this interpreter reads at start-up, or None."""
-    dirs: List[str] = []
-    try:
-        dirs.extend(site.getsitepackages())
-    except AttributeError:  # virtualenv's old site.py
-        pass
-    if site.ENABLE_USER_SITE:
-        dirs.append(site.getusersitepackages())
-    for directory in dirs:
+    for directory in site_packages_dirs():
         path = os.path.join(directory, _HOOK)
         if os.path.isfile(path):
             return path
@@ -123,7 +116,7 @@ def _self_test() -> List[str]:
     import torch
 
     from ._activation import enabled
-    from ._warnings import DetachedTensorsWarning, NonLeafTensorError
+    from ._errors import DetachedTensorsWarning, NonLeafTensorError
 
     problems = []
     source = torch.ones(2, requires_grad=True) * 3

@@ -24,7 +24,8 @@ import sys
 import threading
 from typing import Any, List, Optional
 
-from ._warnings import PatchConflictWarning, TorchCompatibilityWarning, notify, warn_in_user_code
+from ._errors import PatchConflictWarning, TorchCompatibilityWarning
+from ._notices import notify, warn_in_user_code
 
 __all__ = ["acquire", "holding", "inert_reason", "release", "state"]
 

@@ -36,9 +36,10 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from . import _modes, _protocol, _report
+from ._access import Entry, Locator
+from ._errors import DetachedTensorsWarning
 from ._modes import ModeSetting
-from ._paths import Entry, Locator
-from ._warnings import DetachedTensorsWarning, warn_in_user_code
+from ._notices import warn_in_user_code
 
 __all__ = [
     "CopyRecord",

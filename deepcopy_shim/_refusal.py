@@ -20,10 +20,10 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 import torch
 
 from . import _protocol, _report, _survey
+from ._access import Entry
+from ._errors import NonLeafTensorError
 from ._modes import Mode, ModeSetting
-from ._paths import Entry
 from ._record import Tracker, copied_by, top_level
-from ._warnings import NonLeafTensorError
 
 __all__ = ["refuse"]
 

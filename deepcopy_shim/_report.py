@@ -10,10 +10,11 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
+from ._access import Entry
+from ._errors import TorchCompatibilityWarning
 from ._modes import ModeSetting
 from ._names import a_name_of
-from ._paths import Entry
-from ._warnings import TorchCompatibilityWarning, warn_in_user_code
+from ._notices import warn_in_user_code
 
 if TYPE_CHECKING:
     import torch
@@ -126,7 +127,7 @@ def note_untested_torch_once() -> None:
     _untested_noted = True
     import torch
 
-    from ._support import TESTED_TORCH, tested_range_text, torch_newer_than_tested
+    from ._tested import TESTED_TORCH, tested_range_text, torch_newer_than_tested
 
     if torch_newer_than_tested(torch.__version__):
         newest = tested_range_text(TESTED_TORCH).split("-")[1]

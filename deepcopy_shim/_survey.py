@@ -26,10 +26,10 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 import torch
 
 from . import _modes, _protocol
+from ._access import Entry, existing_instance_dict
+from ._errors import NonLeafTensorError
 from ._modes import Mode, ModeSetting, Source
-from ._paths import Entry, existing_instance_dict
 from ._record import Tracker, walk
-from ._warnings import NonLeafTensorError
 
 __all__ = ["Survey", "dry_memo", "run"]
 

@@ -11,10 +11,10 @@ import torch
 import wrapt
 
 from . import _modes, _record, _refusal, _report
+from ._access import existing_instance_dict
+from ._errors import DetachedCopyError
 from ._modes import Mode
-from ._paths import existing_instance_dict
 from ._protocol import NIL, keep_alive
-from ._warnings import DetachedCopyError
 
 __all__ = [
     "REFUSAL",

@@ -18,7 +18,7 @@ import deepcopy_shim
 from deepcopy_shim import Mode, ModeSetting, Source, _activation, _bootstrap
 from deepcopy_shim._bootstrap import activate_from_environment, environment_setting
 from deepcopy_shim._modes import OFF_WORDS, ON_WORDS
-from deepcopy_shim._warnings import print_notice
+from deepcopy_shim._notices import print_notice
 
 
 def parse_env_value(value: str) -> Optional[Mode]:

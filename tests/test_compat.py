@@ -14,7 +14,7 @@ import torch
 from support.models import CachedActivationsNet
 
 import deepcopy_shim
-from deepcopy_shim import TorchCompatibilityWarning, _report, _support
+from deepcopy_shim import TorchCompatibilityWarning, _report, _tested
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,7 @@ def test_a_tested_torch_gets_no_note(monkeypatch: pytest.MonkeyPatch,
     ("3.0.0", True), ("2.0.1", False), ("nonsense", False),
 ])
 def test_version_comparison(version: str, newer: bool) -> None:
-    assert _support.torch_newer_than_tested(version) is newer
+    assert _tested.torch_newer_than_tested(version) is newer
 
 
 FAKE_TORCH = textwrap.dedent(
@@ -111,5 +111,5 @@ def test_the_package_metadata_caps_neither_torch_nor_python() -> None:
     assert requires_python is not None and "<" not in requires_python.group(1)
     torch_requirement = re.search(r'"torch([^"]*)"', text)
     assert torch_requirement is not None and "<" not in torch_requirement.group(1)
-    tested = _support.tested_range_text(_support.TESTED_TORCH)
+    tested = _tested.tested_range_text(_tested.TESTED_TORCH)
     assert f"torch {tested}" in (ROOT / "docs" / "compatibility.md").read_text(encoding="utf-8")

@@ -463,7 +463,7 @@ def test_two_threads_copying_in_warn_get_one_report_each() -> None:
             thread.join()
     messages = [w.message for w in caught if isinstance(w.message, DetachedTensorsWarning)]
     assert len(messages) == 2
-    for n, obj in objects.items():
+    for obj in objects.values():
         (mine,) = [m for m in messages if m.tensors[0] is obj[0]]
         assert mine.tensors == (obj[0], obj[2]) and mine.paths == ("[0]", "[2]")
 

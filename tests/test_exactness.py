@@ -199,7 +199,7 @@ def test_one_scope_object_entered_by_two_threads_at_once() -> None:
                 made = copy.deepcopy([with_history()])
                 assert made[0].is_leaf
                 inside.wait(10)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work) for _ in range(2)]
@@ -360,7 +360,7 @@ def test_an_async_test_case_is_decorated_too() -> None:
 
 
 def test_decorating_a_class_that_is_not_a_test_case_is_refused() -> None:
-    with pytest.raises(TypeError, match="unittest.TestCase subclasses, not the class Plain"):
+    with pytest.raises(TypeError, match=r"unittest\.TestCase subclasses, not the class Plain"):
         @deepcopy_shim.enabled("warn")
         class Plain:
             pass

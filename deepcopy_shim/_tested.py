@@ -1,9 +1,11 @@
 """What deepcopy-shim was tested with, and how a version string compares with it.
 
-The package metadata does not cap torch or Python: the shim delegates every copy to torch first
-and only handles one refusal, which a self-check verifies at install time (see _patch).  These
-ranges say what the compatibility matrix proves (docs/compatibility.md); a newer torch gets a
-one-time note in mode `warn` and a line in `python -m deepcopy_shim --check`.
+The package metadata does not cap torch or Python: what the shim relies on in torch is checked
+where it is used (a self-check of torch's refusal at install time, see _patch; torch's own
+`Tensor.__deepcopy__` copies every tensor first), so a newer release that changed it leaves the
+shim inert rather than wrong.  These ranges say what the compatibility matrix proves
+(docs/compatibility.md); a newer torch gets a one-time note in mode `warn` and a line in
+`python -m deepcopy_shim --check`.
 """
 
 from __future__ import annotations
