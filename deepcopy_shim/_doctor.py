@@ -110,41 +110,44 @@ def _gpu_line(torch: Any) -> str:
 
 
 def _self_test() -> List[str]:
-    """Problems found copying a real non-leaf tensor in every mode ([] when all is well)."""
+    """Problems found copying a real non-leaf tensor in every mode ([] when all is well), in
+    neutral torch state (the same answer under the caller's no_grad, modes and defaults)."""
     import copy
 
     import torch
 
     from ._activation import enabled
     from ._errors import DetachedTensorsWarning, NonLeafTensorError
+    from ._tensor import REFUSAL, neutral_torch
 
     problems = []
-    source = torch.ones(2, requires_grad=True) * 3
-    with enabled("off"):
-        try:
+    with neutral_torch():
+        source = torch.ones(2, requires_grad=True, device="cpu", dtype=torch.float32) * 3
+        with enabled("off"):
+            try:
+                copy.deepcopy(source)
+                problems.append("torch copies non-leaf tensors itself: the shim is not needed here")
+            except RuntimeError as exc:
+                if REFUSAL not in str(exc):
+                    problems.append(f"torch refuses non-leaf tensors with an unknown message: {exc}")
+        with enabled("silent"):
+            made = copy.deepcopy(source)
+            if not (made.is_leaf and made.requires_grad and torch.equal(made, source)
+                    and made.data_ptr() != source.data_ptr()):
+                problems.append("mode silent did not make a detached leaf copy with equal values")
+        with enabled("warn"), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             copy.deepcopy(source)
-            problems.append("torch copies non-leaf tensors itself: the shim is not needed here")
-        except RuntimeError as exc:
-            if "graph leaves" not in str(exc):
-                problems.append(f"torch refuses non-leaf tensors with an unknown message: {exc}")
-    with enabled("silent"):
-        made = copy.deepcopy(source)
-        if not (made.is_leaf and made.requires_grad and torch.equal(made, source)
-                and made.data_ptr() != source.data_ptr()):
-            problems.append("mode silent did not make a detached leaf copy with equal values")
-    with enabled("warn"), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        copy.deepcopy(source)
-    if [w.category for w in caught] != [DetachedTensorsWarning]:
-        problems.append(f"mode warn emitted {[w.category.__name__ for w in caught]}, "
-                        "not one DetachedTensorsWarning")
-    with enabled("strict"):
-        try:
-            copy.deepcopy(source)
-            problems.append("mode strict copied a non-leaf tensor instead of refusing it")
-        except NonLeafTensorError as exc:
-            if exc.paths != ("",):
-                problems.append(f"mode strict named {exc.paths!r}, not the copied tensor itself")
+        if [w.category for w in caught] != [DetachedTensorsWarning]:
+            problems.append(f"mode warn emitted {[w.category.__name__ for w in caught]}, "
+                            "not one DetachedTensorsWarning")
+        with enabled("strict"):
+            try:
+                copy.deepcopy(source)
+                problems.append("mode strict copied a non-leaf tensor instead of refusing it")
+            except NonLeafTensorError as exc:
+                if exc.paths != ("",):
+                    problems.append(f"mode strict named {exc.paths!r}, not the copied tensor itself")
     return problems
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "current_scope",
     "current_setting",
     "global_setting",
+    "on_and_off_words",
     "parse_mode",
     "pop_scope",
     "push_scope",
@@ -149,9 +150,14 @@ class ModeValueError(ValueError):
 
 
 def valid_values() -> str:
-    """The accepted spellings, in words, for messages and help texts."""
+    """The accepted spellings, in words, for messages: `warn, strict, silent; 1, true, ...`."""
     modes = ", ".join(m.value for m in Mode)
     return f"{modes}; {', '.join(ON_WORDS)} (warn); {', '.join(OFF_WORDS[:-1])} (off)"
+
+
+def on_and_off_words(sep: str = "/") -> tuple[str, str]:
+    """The on and off words joined by `sep` (`"1/true/on/yes"`, `"0/false/off/no"`), for help texts."""
+    return sep.join(ON_WORDS), sep.join(OFF_WORDS[:-1])
 
 
 def parse_mode(value: Union[Mode, str, bool, int], what: str = "mode") -> Optional[Mode]:

@@ -11,10 +11,11 @@ import sys
 from typing import List, NamedTuple, Optional, Sequence
 
 from ._bootstrap import ENV_VAR, environment_setting
-from ._modes import Mode, ModeSetting, ModeValueError, Source, parse_mode, valid_values
+from ._modes import Mode, ModeSetting, ModeValueError, Source, on_and_off_words, parse_mode, valid_values
 
 __all__ = ["HELP", "main", "run"]
 
+_ON, _OFF = on_and_off_words()
 HELP = f"""\
 usage: python -m deepcopy_shim [--mode MODE] script.py [args ...]
        python -m deepcopy_shim [--mode MODE] -m package.module [args ...]
@@ -33,9 +34,10 @@ by the runner: the patch is applied when the program imports torch.
 options (only before the script or -m; everything after belongs to the program):
   --mode MODE     warn (default), strict or silent:
                     warn    copy them detached; one DetachedTensorsWarning per copy
-                    strict  refuse the copy with NonLeafTensorError, naming every such tensor
+                    strict  refuse the copy where torch refuses it, with NonLeafTensorError
+                            naming every such tensor the copy would meet
                     silent  copy them detached without a word
-                  also 1/true/on/yes (warn) and 0/false/off/no (run with the shim off).
+                  also {_ON} (warn) and {_OFF} (run with the shim off).
                   Without --mode, a mode named by {ENV_VAR} is kept; otherwise warn.
   -m MODULE       run a module as `python -m MODULE` would (the rest are its arguments)
   --              end of runner options (for a script whose name starts with '-')

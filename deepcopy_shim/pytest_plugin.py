@@ -35,8 +35,12 @@ __all__ = [
     "pytest_unconfigure",
 ]
 
-_OPTION_HELP = ("run the whole session with deepcopy-shim enabled in MODE: warn, strict or silent "
-                "(also 1/true/on/yes for warn; 0/false/off/no for off, overriding DEEPCOPY_SHIM)")
+def _option_help() -> str:
+    from ._modes import on_and_off_words
+
+    on, off = on_and_off_words()
+    return ("run the whole session with deepcopy-shim enabled in MODE: warn, strict or silent "
+            f"(also {on} for warn; {off} for off, overriding DEEPCOPY_SHIM)")
 _MARKER = "deepcopy_shim"
 _MARKER_FIXTURE = "_deepcopy_shim_marker"
 
@@ -60,9 +64,10 @@ _SESSION_KEY = pytest.StashKey[Optional[_Session]]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("deepcopy_shim", "deepcopy-shim")
+    help_text = _option_help()
     group.addoption("--deepcopy-shim", dest="deepcopy_shim", metavar="MODE", default=None,
-                    help=_OPTION_HELP)
-    parser.addini("deepcopy_shim", help=_OPTION_HELP, type="string", default="")
+                    help=help_text)
+    parser.addini("deepcopy_shim", help=help_text, type="string", default="")
 
 
 def pytest_configure(config: pytest.Config) -> None:

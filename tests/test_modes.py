@@ -110,3 +110,36 @@ def test_an_off_scope_installs_nothing(cached_net: CachedActivationsNet) -> None
         with pytest.raises(RuntimeError, match="graph leaves"):
             copy.deepcopy(cached_net)
     assert not (_patch.state() == "installed")
+
+
+@pytest.mark.parametrize(("value", "mode"), [(1, Mode.WARN), (0, None), (True, Mode.WARN), (False, None)])
+def test_the_documented_integers_are_accepted_as_integers(value: Any, mode: Optional[Mode]) -> None:
+    deepcopy_shim.enable(value)
+    setting = deepcopy_shim.current_mode()
+    assert (setting.mode if setting else None) is mode
+    if setting is not None:
+        assert setting.how == f"deepcopy_shim.enable({value!r})"  # as written
+
+
+def test_a_refused_value_is_told_which_types_are_accepted() -> None:
+    with pytest.raises(ValueError, match=r"invalid mode 2; .*also True/False, 1/0 and deepcopy_shim\.Mode"):
+        deepcopy_shim.enable(2)
+
+
+def test_a_setting_reads_as_written_in_str_and_repr() -> None:
+    deepcopy_shim.enable(True)
+    setting = deepcopy_shim.current_mode()
+    assert str(setting) == "warn (from deepcopy_shim.enable(True))"
+    assert repr(setting) == "ModeSetting(mode='warn', source='code', how='deepcopy_shim.enable(True)')"
+    assert setting is not None and setting.spelled("strict") == "deepcopy_shim.enable('strict')"
+    with deepcopy_shim.enabled(Mode.SILENT):
+        inner = deepcopy_shim.current_mode()
+        assert inner is not None and inner.how == "deepcopy_shim.enabled(deepcopy_shim.Mode.SILENT)"
+    assert "{" not in repr(setting) + repr(inner)
+
+
+def test_enabled_mode_is_read_only() -> None:
+    scope = deepcopy_shim.enabled("warn")
+    assert scope.mode is Mode.WARN
+    with pytest.raises(AttributeError):
+        scope.mode = "strict"  # type: ignore[misc]

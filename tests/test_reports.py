@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import subprocess
 import sys
 import textwrap
@@ -514,3 +515,50 @@ def test_a_tensor_under_two_names_is_named_by_the_first() -> None:
     layer.first = out
     layer.second = out
     assert [p for p, _ in deepcopy_shim.find_nonleaf_tensors(layer)] == ["first"]
+
+
+@pytest.mark.parametrize(("name", "article"), [
+    ("Actor", "an"), ("MLP", "an"), ("LSTMCell", "an"), ("GPT2Model", "a"), ("Net", "a"),
+    ("Unit", "a"), ("UpBlock", "an"), ("ActorCriticWrapper", "an"),
+])
+def test_messages_use_the_article_the_class_name_is_read_with(name: str, article: str) -> None:
+    cls = type(name, (nn.Module,), {})
+    model = cls()
+    model.cached = with_history()
+    (w,) = warned(lambda: deepcopy_shim.deepcopy(model, "warn"))
+    assert str(w.message).startswith(f"deepcopy_shim: deep copy of {article} {name} detached 1 tensor")
+
+
+def test_a_bare_tensor_refusal_suggests_no_statement_on_obj_itself() -> None:
+    err = refusal(lambda: deepcopy_shim.deepcopy(with_history(), "strict"))
+    assert "obj = obj.detach()" not in str(err) and "del obj\n" not in str(err)
+    assert "or detach or drop them before copying." in " ".join(str(err).split())
+
+
+STRICT_UNDER_PYTEST = """
+import copy, torch, torch.nn as nn
+
+def test_copies_a_model_that_caches():
+    model = nn.Linear(2, 2)
+    model.cached = model(torch.ones(1, 2))
+    copy.deepcopy(model)  # line: user-copy
+"""
+
+
+@pytest.mark.parametrize("options", [
+    ["--deepcopy-shim=strict"],
+    ["--deepcopy-shim=warn", "-W", "error::deepcopy_shim.DeepcopyShimWarning"],
+], ids=["strict", "warn as error"])
+def test_a_refusal_under_pytest_shows_the_users_frames_not_the_shims(options: List[str],
+                                                                     tmp_path: Path) -> None:
+    """pytest prints the user's line and copy's, with its location line in copy.py: none of the
+    shim's frames, which read as a crash of the shim (`__tracebackhide__`)."""
+    (tmp_path / "test_user.py").write_text(STRICT_UNDER_PYTEST.lstrip())
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *options,
+                             "test_user.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout
+    assert "deepcopy_shim/" not in result.stdout, result.stdout
+    locations = re.findall(r"^(\S+\.py):\d+: (?:NonLeafTensorError|DetachedTensorsWarning)$",
+                           result.stdout, re.M)
+    assert locations and Path(locations[-1]).name == "copy.py", result.stdout
+    assert "test_user.py:6: " in result.stdout  # the user's own line, with its source shown
