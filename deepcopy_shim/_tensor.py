@@ -112,7 +112,7 @@ def _probe(original: Callable[..., Any]) -> Optional[str]:
     try:
         original(probe, {})
     except RuntimeError as exc:
-        if REFUSAL in str(exc):
+        if _is_torch_refusal(exc, original):  # the very test every copy applies
             return None
         return (f"deepcopy_shim: torch {torch.__version__} refuses to deep-copy a non-leaf tensor "
                 f"with a message deepcopy_shim does not recognise ({exc}); the shim stays out of "
@@ -152,7 +152,7 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
             # (native deepcopy frees it as soon as the error is handled).  And the refusal is
             # raised from this very frame: the one frame of the shim's a traceback shows.
             setting = _modes.current_setting()
-            if setting is None or not _is_torch_refusal(sys.exc_info()[1]):
+            if setting is None or not _is_torch_refusal(sys.exc_info()[1], original):
                 raise
             tensor, memo = _bind(args, kwargs)
             if tensor.is_leaf:  # the refusal came from somewhere inside, not from this tensor
@@ -170,10 +170,17 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
     return tensor_deepcopy
 
 
-def _is_torch_refusal(exc: Any) -> bool:
-    # torch's own refusal is a plain RuntimeError; anything else (the shim's own errors on a
-    # subclass's __torch_function__ path, a subclass's errors) passes through.
-    return type(exc) is RuntimeError and REFUSAL in str(exc)
+def _is_torch_refusal(exc: Any, original: Callable[..., Any]) -> bool:
+    """True for torch's own refusal: a plain RuntimeError in torch's words, raised by torch's
+    `Tensor.__deepcopy__` (`original`) itself.  Anything else passes through unchanged: the
+    shim's own errors on a subclass's `__torch_function__` path, a subclass's errors (even in
+    torch's words), a failure deeper in torch."""
+    if type(exc) is not RuntimeError or REFUSAL not in str(exc):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is getattr(original, "__code__", None)
 
 
 def _bind(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any]:

@@ -460,3 +460,60 @@ def test_enable_while_another_thread_imports_torch_cannot_deadlock() -> None:
             pytest.fail("enable() and `import torch` in another thread deadlocked")
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["True", "True"]
+
+
+def test_the_hook_called_inside_its_registration_while_torch_is_being_imported_waits() -> None:
+    """wrapt 1.x calls a post-import hook from inside `register_post_import_hook`, holding its
+    own lock, when the module is already in sys.modules: here thread B is inside torch's
+    `__init__` (torch in sys.modules, its module lock held) when thread A, which found torch
+    not imported, registers the shim's hook, and another library has a hook on `torch.nn`.
+    The hook must leave the install to A after registration returns: installing from inside it
+    would wait for B's import while holding the lock B needs to finish it (wrapt's notify for
+    `torch.nn`).  (wrapt 2.x calls such a hook outside its lock; CI runs
+    this under wrapt 1.14 too.)"""
+    code = """
+        import sys, threading, copy, wrapt
+        inside_init = threading.Event()
+        may_finish = threading.Event()
+
+        def pause_in_torch_init(frame, event, arg):  # B: stop at torch/__init__'s first line
+            if event == "call" and frame.f_code.co_name == "<module>" and \\
+                    frame.f_code.co_filename.replace("\\\\", "/").endswith("torch/__init__.py"):
+                def first_line(frame, event, arg):
+                    sys.settrace(None)
+                    inside_init.set()
+                    may_finish.wait(10)
+                    return None
+                return first_line
+            return None
+
+        def import_torch():
+            sys.settrace(pause_in_torch_init)
+            import torch
+
+        # Another library's hook on a module torch imports while it initialises: B's import of
+        # it ends in wrapt's notify, which takes wrapt's lock.
+        wrapt.register_post_import_hook(lambda module: None, "torch.nn")
+        register = wrapt.register_post_import_hook
+
+        def registered_mid_import(hook, name):  # A: torch was not imported when A looked
+            if name == "torch" and not inside_init.is_set():
+                threading.Thread(target=import_torch).start()
+                assert inside_init.wait(30) and "torch" in sys.modules
+                threading.Timer(0.5, may_finish.set).start()
+            return register(hook, name)
+
+        wrapt.register_post_import_hook = registered_mid_import
+        import deepcopy_shim
+        deepcopy_shim.enable("silent")
+        import torch
+        from deepcopy_shim import _patch
+        print(_patch.state(), copy.deepcopy(torch.ones(1, requires_grad=True) * 2).is_leaf)
+        """
+    for _ in range(2):
+        try:
+            result = _run(code, timeout=60)
+        except subprocess.TimeoutExpired:  # pragma: no cover - the defect this guards against
+            pytest.fail("the hook called inside its registration deadlocked with `import torch`")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["installed", "True"], result.stdout

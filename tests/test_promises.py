@@ -1,0 +1,205 @@
+"""Promises a mutation run of the suite found unguarded (issue 20), tested as behaviours through
+``copy.deepcopy``, ``deepcopy_shim.deepcopy``, ``find_nonleaf_tensors``, scopes and tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import copyreg
+import math
+import warnings
+from typing import Any, Dict, List
+
+import pytest
+import torch
+import torch.nn as nn
+from support.graphdiff import GraphDiff
+from support.models import resolve, with_history
+
+import deepcopy_shim
+from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError
+
+
+def warned(call: Any) -> List[DetachedTensorsWarning]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [w.message for w in caught if isinstance(w.message, DetachedTensorsWarning)]
+
+
+# --- a copy with no deepcopy frame to watch: reported tensor by tensor -----------------------
+
+
+def test_a_direct_deepcopy_call_is_reported_in_warn_and_refused_in_strict() -> None:
+    t = with_history()
+    with deepcopy_shim.enabled("warn"):
+        (w,) = warned(lambda: t.__deepcopy__({}))
+    assert w.paths == ("",) and w.tensors == (t,)
+    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as refused:
+        t.__deepcopy__({})
+    assert refused.value.paths == ("",) and refused.value.tensors == (t,)
+    assert "graph leaves" in str(refused.value)
+
+
+# --- a scope of another mode around a fresh copy made inside a copy ---------------------------
+
+
+class FreshCopyInScope:
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.t = with_history()
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        with deepcopy_shim.enabled(self.mode):
+            return copy.deepcopy(self.t)  # a new memo: a copy of its own, in the scope's mode
+
+
+def test_a_strict_scope_around_a_fresh_copy_inside_a_warn_copy_refuses() -> None:
+    obj = [with_history(), FreshCopyInScope("strict")]
+    with deepcopy_shim.enabled("warn"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warn copy fails: nothing is announced
+        with pytest.raises(NonLeafTensorError) as refused:
+            copy.deepcopy(obj)
+    assert refused.value.tensors == (obj[1].t,) and refused.value.paths == ("",)
+
+
+def test_a_warn_scope_around_a_fresh_copy_inside_a_silent_copy_reports_once_and_closes() -> None:
+    obj = [with_history(), FreshCopyInScope("warn"), with_history()]
+    with deepcopy_shim.enabled("silent"):
+        messages = warned(lambda: copy.deepcopy(obj))
+    assert [m.tensors for m in messages] == [(obj[1].t,)]
+    later = [with_history()]
+    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as refused:
+        copy.deepcopy(later)  # and no record of either copy is left to confuse this one
+    assert refused.value.tensors == (later[0],)
+
+
+# --- one memo for two top-level copies ----------------------------------------------------------
+
+
+def test_one_memo_for_two_top_level_copies_reports_both() -> None:
+    memo: Dict[Any, Any] = {}
+    first, second = [with_history()], [with_history()]
+    with deepcopy_shim.enabled("warn"):
+        messages = warned(lambda: (copy.deepcopy(first, memo), copy.deepcopy(second, memo)))
+    assert [m.tensors for m in messages] == [(first[0],), (second[0],)]
+    memo = {}
+    with deepcopy_shim.enabled("strict"):
+        with pytest.raises(NonLeafTensorError):
+            copy.deepcopy(first, memo)
+        with pytest.raises(NonLeafTensorError) as refused:
+            copy.deepcopy(second, memo)
+    assert refused.value.tensors == (second[0],)
+
+
+def test_a_memo_shared_with_an_earlier_copy_counts_what_it_already_holds() -> None:
+    shared = with_history()
+    memo: Dict[Any, Any] = {}
+    with deepcopy_shim.enabled("silent"):
+        copy.deepcopy([shared], memo)  # the memo now holds the copy of `shared`
+    fresh = with_history()
+    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as refused:
+        copy.deepcopy([shared, fresh], memo)
+    assert refused.value.tensors == (fresh,)  # `shared` is a memo hit: never met
+
+
+# --- tasks -----------------------------------------------------------------------------------
+
+
+def test_two_overlapping_calls_of_one_decorated_coroutine_in_two_tasks() -> None:
+    @deepcopy_shim.enabled("silent")
+    async def copy_later(delay: float) -> bool:
+        await asyncio.sleep(delay)
+        return bool(copy.deepcopy(with_history()).is_leaf)
+
+    async def both() -> List[bool]:
+        return list(await asyncio.gather(copy_later(0.03), copy_later(0.01)))
+
+    assert asyncio.run(both()) == [True, True]
+
+
+# --- paths -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", [math.inf, -math.inf, math.nan])
+def test_a_key_without_a_literal_spelling_is_said_so(key: float) -> None:
+    obj = {key: with_history(), "ok": with_history()}
+    found = deepcopy_shim.find_nonleaf_tensors(obj)
+    assert [p for p, _ in found] == [
+        "<under a key of this dict that has no literal spelling (float)>", "['ok']"]
+
+
+def test_a_buffer_named_like_a_class_attribute_is_named_through_its_store() -> None:
+    class Head(nn.Module):
+        @property
+        def head(self) -> str:
+            return "a property of the class"
+
+    model = Head()
+    model._buffers["head"] = with_history()  # register_buffer refuses the name; a store does not
+    ((path, tensor),) = deepcopy_shim.find_nonleaf_tensors(model)
+    assert path == "_buffers['head']" and resolve(model, path) is tensor
+
+
+# --- only torch's refusal is handled -----------------------------------------------------------
+
+
+class Refuses(torch.Tensor):
+    """A subclass whose __torch_function__ fails its own deepcopy with a RuntimeError, even one
+    that says "graph leaves" as torch's refusal does: it is not torch's."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.__deepcopy__:
+            raise RuntimeError("this subclass's (graph leaves) rule: it cannot be copied")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class Fails(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.__deepcopy__:
+            raise ValueError("custom failure")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("mode", ["off", "warn", "strict", "silent"])
+@pytest.mark.parametrize("cls", [Refuses, Fails])
+def test_a_subclasss_own_error_passes_through_unchanged(cls: type, mode: str) -> None:
+    t = with_history().as_subclass(cls)
+    with pytest.raises(Exception) as native:
+        copy.deepcopy(t)
+    with deepcopy_shim.enabled(mode), pytest.raises(Exception) as shim:
+        copy.deepcopy(t)
+    assert type(shim.value) is type(native.value) and str(shim.value) == str(native.value)
+
+
+# --- copyreg registrations are the copy's ------------------------------------------------------
+
+
+class Registered(nn.Linear):
+    pass
+
+
+def _reduce_registered(module: Registered) -> Any:
+    _reduce_registered.calls += 1  # type: ignore[attr-defined]
+    return object.__reduce_ex__(module, 4)
+
+
+def test_a_module_class_registered_with_copyreg_is_copied_through_its_reducer() -> None:
+    copyreg.pickle(Registered, _reduce_registered)
+    try:
+        model = Registered(2, 2)
+        model.out = model(torch.ones(1, 2))
+        _reduce_registered.calls = 0  # type: ignore[attr-defined]
+        leaf = Registered(2, 2)
+        native = copy.deepcopy(leaf)
+        assert _reduce_registered.calls == 1  # type: ignore[attr-defined]
+        with deepcopy_shim.enabled("warn"):
+            shimmed = copy.deepcopy(leaf)
+            assert _reduce_registered.calls == 2  # type: ignore[attr-defined]
+            (w,) = warned(lambda: copy.deepcopy(model))
+        assert _reduce_registered.calls == 3 and w.paths == ("out",)  # type: ignore[attr-defined]
+        GraphDiff(leaf, native, shimmed).check()
+    finally:
+        del copyreg.dispatch_table[Registered]
