@@ -56,7 +56,7 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
 class neutral_torch:
     """torch as a fresh process runs it, whatever the caller set: grad mode on, inference mode
     off, no torch function or dispatch mode (`set_default_device`, `FakeTensorMode`, a
-    user's mode), no functorch transform.  For the shim's own probes, which must give the same
+    user's mode).  For the shim's own probes, which must give the same
     answer under `torch.no_grad()` as anywhere else."""
 
     def __enter__(self) -> None:
@@ -77,14 +77,11 @@ def _disable_dispatch_modes() -> ContextManager[Any]:
     return _python_dispatch._disable_current_modes()
 
 
-_NEUTRAL: Tuple[Callable[[], Any], ...] = tuple(
-    guard for guard in (
-        torch.enable_grad,
-        lambda: torch.inference_mode(False),
-        torch._C.DisableTorchFunction,
-        _disable_dispatch_modes,
-        getattr(torch._C, "_DisableFuncTorch", None),
-    ) if guard is not None
+_NEUTRAL: Tuple[Callable[[], Any], ...] = (
+    torch.enable_grad,
+    lambda: torch.inference_mode(False),
+    torch._C.DisableTorchFunction,
+    _disable_dispatch_modes,
 )
 # The answer of refusal_problem() for the Tensor.__deepcopy__ it was asked about.
 _checked: Dict[int, Tuple[Callable[..., Any], Optional[str]]] = {}
