@@ -182,15 +182,19 @@ class Tracker:
     def entries(self) -> List[Entry]:
         """Every tensor met, in order, with its path from the root."""
         locator = Locator(self.root)
+        nil = _protocol.NIL
         copied: Dict[int, Any] = {}  # id(frame) -> the object it copies
         # id(object met) -> the object the copy went through just before it
         up: Dict[int, Tuple[Any, Any]] = {id(self.root): (self.root, None)}
+        # id(first frame of a chain) -> the chain of objects it starts, from a located one:
+        # the tensors met under one frame (a module's children) share it.
+        starts: Dict[int, List[Any]] = {}
         found = []
         for tensor, frames in self.met:
             chain: List[Any] = []
             for frame in frames:
-                x = copied.get(id(frame), _protocol.NIL)
-                if x is _protocol.NIL:
+                x = copied.get(id(frame), nil)
+                if x is nil:
                     x = copied[id(frame)] = copied_by(frame)
                 if not chain or chain[-1] is not x:
                     chain.append(x)
@@ -199,13 +203,20 @@ class Tracker:
             for before, obj in zip(chain, chain[1:]):
                 if id(obj) not in up:
                     up[id(obj)] = (obj, before)
-            head = chain[0]
-            while not locator.knows(head):  # met before, but not reachable: go further up
-                link = up.get(id(head))
-                if link is None or link[1] is None:
-                    break
-                head = link[1]
-                chain.insert(0, head)
+            start = starts.get(id(frames[0])) if frames else None
+            if start is not None:
+                chain[:1] = start
+            else:
+                head, prefix = chain[0], [chain[0]]
+                while not locator.knows(head):  # met before, but not reachable: go further up
+                    link = up.get(id(head))
+                    if link is None or link[1] is None:
+                        break
+                    head = link[1]
+                    prefix.insert(0, head)
+                if frames:
+                    starts[id(frames[0])] = prefix
+                chain[:1] = prefix
             found.append(Entry(tensor, *locator.locate(chain)))
         return found
 
