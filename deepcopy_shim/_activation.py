@@ -69,8 +69,10 @@ def set_global(setting: Optional[ModeSetting]) -> None:
 
     The door behind `enable()`/`disable()`, the environment variable, the runner and
     the pytest option, each passing its own `Source`.  No lock is held while the patch
-    is acquired or released (see `_patch`).
+    is acquired or released (see `_patch`).  A record this thread left open under the global
+    setting, of a copy that is no longer running (it failed), is discarded.
     """
+    _scope_ended(None)
     if setting is None:
         if _modes.swap_global(None) is not None:
             _patch.release()

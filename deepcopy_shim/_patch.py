@@ -171,15 +171,26 @@ def _sync() -> None:
         return
     patch = _Patch()  # imports; may wait for another thread's `import torch` to finish
     with _lock:
-        if patch.problem is not None:
+        # Another thread may have installed (or removed) the patch while this one prepared
+        # its own: then what this one read as torch's function may be the shim's wrapper, and
+        # its self-check says nothing about torch.
+        if _installed is not None or _users == 0:
+            return
+        if vars(patch.tensor_cls).get("__deepcopy__") is not patch.original:
+            retry = True
+        elif patch.problem is not None:
+            retry = False
             first = _inert is None
             _inert = patch.problem
-        elif _users > 0 and _installed is None:
+        else:
             patch.apply()
             _installed = patch
             return
-        else:
-            return
+    if retry:  # torch's function changed hands meanwhile: judge the one there now
+        _sync()
+        return
+    if first:
+        notify(TorchCompatibilityWarning(patch.problem))
     if first:
         notify(TorchCompatibilityWarning(patch.problem))
 

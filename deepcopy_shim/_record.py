@@ -410,8 +410,19 @@ def module_copy_ended(module: Any, failed: bool) -> None:
 
 
 def scope_ended(boundary: _Frame) -> None:
-    """A scope entered by `boundary` ends: a record of it still open is of a copy that failed."""
-    for record in [r for r in _state.records if r.boundary is boundary]:
+    """A scope entered by `boundary` ends: a record of it still open is of a copy that failed.
+
+    `boundary` None is the global setting changing (`enable()`, `disable()`): its records
+    whose copy is no longer running in this thread are of copies that failed."""
+    records = [r for r in _state.records if r.boundary is boundary]
+    if boundary is None and records:
+        running = set()
+        frame: Optional[_Frame] = sys._getframe(1)
+        while frame is not None:
+            running.add(id(frame))
+            frame = frame.f_back
+        records = [r for r in records if id(r.root_frame) not in running]
+    for record in records:
         record.discard()
 
 

@@ -283,6 +283,15 @@ def test_under_enable_alone_the_next_report_in_the_thread_clears_a_failed_copys_
     assert w.tensors == (later[0],) and keep_alive_slot(memo) is list
 
 
+def test_under_enable_alone_enable_or_disable_clears_a_failed_copys_list() -> None:
+    deepcopy_shim.enable("warn")
+    memo: Dict[Any, Any] = {}
+    with pytest.raises(ValueError):
+        copy.deepcopy([with_history(), Raises()], memo)
+    deepcopy_shim.disable()
+    assert keep_alive_slot(memo) is list
+
+
 def test_a_detached_copy_that_fails_and_is_caught_is_not_reported() -> None:
     class Bare(torch.Tensor):  # torch cannot deep-copy it even as a leaf
         pass
