@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -494,6 +495,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.report:
         return report(modules)
 
+    # Ctrl-C, and a SIGTERM (or a SIGINT that a background shell set to be ignored), stop the
+    # run the same way: the workers are stopped and the sessions keep what is done.
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     n_workers = args.workers or cfg.workers
     started = time.monotonic()
     ok = True
