@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 from support.models import CachedActivationsNet, cached_activations_net, with_history
-from support.processes import DEV_PYTHON, clean_env, describe, run, run_code
+from support.processes import DEV_PYTHON, describe, run, run_code, same_code_env
 
 import deepcopy_shim
 from deepcopy_shim import Mode, _patch
@@ -71,7 +71,7 @@ CALLER_STATES = {
 def test_the_self_check_gives_the_same_answer_whatever_the_callers_torch_state(state: str) -> None:
     setup, enter, leave = CALLER_STATES[state]
     code = SELF_CHECK.replace("{setup}", setup).replace("{enter}", enter).replace("{leave}", leave)
-    proc = run_code(DEV_PYTHON, code, clean_env())
+    proc = run_code(DEV_PYTHON, code, same_code_env())
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.split() == ["True", "True", "True", "strict"], describe(proc)
 
@@ -90,7 +90,7 @@ with torch.enable_grad():
     with deepcopy_shim.enabled("silent"):
         print(deepcopy_shim.is_enabled(), copy.deepcopy(w * 2).is_leaf)
 """
-    proc = run_code(DEV_PYTHON, code, clean_env())
+    proc = run_code(DEV_PYTHON, code, same_code_env())
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.split() == ["True", "True"]
 
@@ -391,7 +391,7 @@ def test_a_nested_session_gives_the_outer_one_its_shim_back(pytester):
 def test_a_nested_in_process_session_restores_the_outer_sessions_setting(tmp_path: Path) -> None:
     (tmp_path / "test_outer.py").write_text(NESTED_SESSION)
     proc = run([DEV_PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q",
-                "--deepcopy-shim=warn", "test_outer.py"], clean_env(), cwd=tmp_path)
+                "--deepcopy-shim=warn", "test_outer.py"], same_code_env(), cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     assert "OUTER warn (from pytest --deepcopy-shim=warn)" in proc.stdout
 

@@ -1,7 +1,7 @@
 """Mutation testing of deepcopy_shim/ with cosmic-ray (CONTRIBUTING.md, "Mutation testing").
 
     python tools/mutation.py                    # every module, in cosmic-ray.toml's harness.order
-    python tools/mutation.py _record _paths     # some modules (``_record``, ``_record.py`` or a path)
+    python tools/mutation.py _record _access    # some modules (``_record``, ``_record.py`` or a path)
     python tools/mutation.py --report           # only the report of what the sessions hold so far
     python tools/mutation.py --list             # modules, their tests and their mutant counts
 

@@ -65,6 +65,15 @@ def clean_env(value: Optional[str] = None, **extra: str) -> Dict[str, str]:
     return env
 
 
+def same_code_env(value: Optional[str] = None, **extra: str) -> Dict[str, str]:
+    """`clean_env()`, but keeping PYTHONPATH: a child that must import the very package this
+    test process imports (a mutation run's mutated copy, say), not its environment's install."""
+    env = clean_env(value, **extra)
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
 def run(args: Sequence[Union[str, Path]], env: Dict[str, str], cwd: Optional[Path] = None,
         timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in args], env=env, cwd=cwd, capture_output=True,
