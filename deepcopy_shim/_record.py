@@ -127,14 +127,9 @@ def top_level(caller: _Frame) -> Tuple[Optional[_Frame], List[_Frame]]:
     """The root frame of the top-level copy `caller` is part of (None: no copy frame), and the
     copy frames from it in to `caller`, innermost first."""
     found = walk(caller, _boundary(), {})
-    return found.outermost, _up_to(found.walked, found.outermost)
-
-
-def _up_to(walked: List[_Frame], root_frame: Optional[_Frame]) -> List[_Frame]:
-    for index, frame in enumerate(walked):
-        if frame is root_frame:
-            return walked[:index + 1]
-    return walked
+    # The outermost copy frame walked is a root frame: a copy frame that is not one (the
+    # module copier's dict copier) always has a module copier above it, walked or owned.
+    return found.outermost, found.walked
 
 
 def copied_by(frame: _Frame) -> Any:
@@ -143,22 +138,21 @@ def copied_by(frame: _Frame) -> Any:
 
 
 class Tracker:
-    """The tensors one copy met, in order, with the frames each was met under; their paths."""
+    """The tensors one copy met, in order, with the frames each was met under; their paths.
 
-    __slots__ = ("root", "met", "frames")
+    The frames are held (in each tensor's chain) until the paths are made: that keeps their
+    ids their own, and their locals readable, until the end.
+    """
+
+    __slots__ = ("root", "met")
 
     def __init__(self, root: Any) -> None:
         self.root = root
         self.met: List[_Met] = []
-        # id(frame) -> frame, for every copy frame captured: a frame above a module is the same
-        # for all of its tensors.  Holding them keeps their ids their own until the end.
-        self.frames: Dict[int, _Frame] = {}
 
     def add(self, tensor: torch.Tensor, walked: List[_Frame], joined: Optional[_Frame]) -> _Met:
         """Enter `tensor`, met under the copy frames `walked` (innermost first, none of them
         captured before) below the captured frame `joined` (None: `walked` reaches the root)."""
-        for frame in walked:
-            self.frames[id(frame)] = frame
         chain = walked[::-1]
         if joined is not None:
             chain.insert(0, joined)
@@ -177,7 +171,6 @@ class Tracker:
         """Let go of the frames: once the copy is over, holding them would hold their locals
         (the copy made so far) in cycles only the garbage collector could free."""
         self.met.clear()
-        self.frames.clear()
 
     def entries(self) -> List[Entry]:
         """Every tensor met, in order, with its path from the root."""
@@ -191,15 +184,15 @@ class Tracker:
         starts: Dict[int, List[Any]] = {}
         found = []
         for tensor, frames in self.met:
+            # Each frame copies another object (deepcopy's own frame of a module copier it
+            # calls was not walked; the tensor's own frame neither): no object twice in a row.
             chain: List[Any] = []
             for frame in frames:
                 x = copied.get(id(frame), nil)
                 if x is nil:
                     x = copied[id(frame)] = copied_by(frame)
-                if not chain or chain[-1] is not x:
-                    chain.append(x)
-            if not chain or chain[-1] is not tensor:
-                chain.append(tensor)
+                chain.append(x)
+            chain.append(tensor)
             for before, obj in zip(chain, chain[1:]):
                 if id(obj) not in up:
                     up[id(obj)] = (obj, before)
@@ -225,7 +218,7 @@ class CopyRecord(Tracker):
     """What mode `warn` reports about one top-level copy; see the module docstring for when
     and by whom it ends."""
 
-    __slots__ = ("root_frame", "boundary", "setting", "owner", "memo", "open", "finished_by_owner")
+    __slots__ = ("root_frame", "boundary", "setting", "owner", "memo", "finished_by_owner", "captured")
 
     def __init__(self, root: Any, root_frame: Optional[_Frame], boundary: _Frame,
                  setting: ModeSetting) -> None:
@@ -236,7 +229,7 @@ class CopyRecord(Tracker):
         self.owner: Optional[_Frame] = None  # the shim frame that finishes it, if any
         self.memo: Any = None  # the memo whose keep-alive list watches for its end, if any
         self.finished_by_owner = False  # no keep-alive list: the owner finishes it as it returns
-        self.open = True
+        self.captured: List[int] = []  # ids of the frames this thread's registry holds for it
 
     @property
     def immediate(self) -> bool:
@@ -248,8 +241,7 @@ class CopyRecord(Tracker):
 
         Raises whatever the warning filters make of the warning (`-W error`).
         """
-        if not self._end():
-            return
+        self._end()
         if not self.met:
             return
         entries = self.entries()
@@ -260,26 +252,29 @@ class CopyRecord(Tracker):
         ))
         _report.note_untested_torch_once()
 
+    def capture(self, walked: List[_Frame]) -> None:
+        """Register `walked` in this thread's registry: a later tensor's walk stops there."""
+        captured = _state.captured
+        for frame in walked:
+            captured[id(frame)] = (frame, self)
+            self.captured.append(id(frame))
+
     def discard(self) -> None:
         """The copy failed: nothing was detached, nothing is said."""
         self._end()
         self.release()
 
-    def _end(self) -> bool:
-        if not self.open:
-            return False
-        self.open = False
+    def _end(self) -> None:
+        # Called once: an ended record is in no registry, no keep-alive list and no count.
         state = _state
         if self in state.records:
             state.records.remove(self)
-            for key in self.frames:
-                state.captured.pop(key, None)
+            for key in self.captured:
+                del state.captured[key]
         if self.memo is not None:
             _unhook(self.memo, self)
-            self.memo = None
         if self.finished_by_owner:
             _owned(self, -1)
-        return True
 
 
 class _KeepAlive(list):  # type: ignore[type-arg]
@@ -364,8 +359,7 @@ def record_for(tensor: torch.Tensor, caller: _Frame, setting: ModeSetting
     walked, hit, outermost, owner = walk(caller, boundary, state.captured)
     if hit is not None and hit[1].boundary is boundary:
         record: CopyRecord = hit[1]
-        for frame in walked:
-            state.captured[id(frame)] = (frame, record)
+        record.capture(walked)
         return record, record.add(tensor, walked, hit[0])
     # The first tensor of a copy.  Every open record of this scope is of a copy that ended
     # without saying so (a failure): its frames would have been met on the way.
@@ -374,7 +368,6 @@ def record_for(tensor: torch.Tensor, caller: _Frame, setting: ModeSetting
     if outermost is None:  # no copy frame: __deepcopy__ was called directly
         record = CopyRecord(tensor, None, boundary, setting)
         return record, record.add(tensor, [], None)
-    walked = _up_to(walked, outermost)
     record = CopyRecord(copied_by(outermost), outermost, boundary, setting)
     # A module at the root: its copier finishes the record when it returns, and discards it if
     # it raises.  Any other root: deepcopy's own last keep-alive append for it finishes it (a
@@ -391,8 +384,7 @@ def record_for(tensor: torch.Tensor, caller: _Frame, setting: ModeSetting
             record.memo = memo
     if not record.immediate:
         state.records.append(record)
-        for frame in walked:
-            state.captured[id(frame)] = (frame, record)
+        record.capture(walked)
     return record, record.add(tensor, walked, None)
 
 
@@ -410,12 +402,11 @@ def module_copy_ended(module: Any, failed: bool) -> None:
 
 
 def scope_ended(boundary: _Frame) -> None:
-    """A scope entered by `boundary` ends: a record of it still open is of a copy that failed.
-
-    `boundary` None is the global setting changing (`enable()`, `disable()`): its records
-    whose copy is no longer running in this thread are of copies that failed."""
+    """A scope entered by `boundary` ends (`boundary` None: the global setting changes, by
+    `enable()` or `disable()`): a record of it whose copy is no longer running in this thread
+    is of a copy that failed.  (One still running, a scope left inside its own copy, goes on.)"""
     records = [r for r in _state.records if r.boundary is boundary]
-    if boundary is None and records:
+    if records:
         running = set()
         frame: Optional[_Frame] = sys._getframe(1)
         while frame is not None:
@@ -439,4 +430,5 @@ def path_here(tensor: torch.Tensor, caller: _Frame) -> str:
         return ""
     tracker = Tracker(copied_by(root_frame))
     tracker.add(tensor, walked, None)
-    return tracker.entries()[0].label
+    (entry,) = tracker.entries()
+    return entry.label

@@ -556,3 +556,127 @@ def test_what_a_copy_made_is_freed_when_it_ends_without_the_garbage_collector(na
         finally:
             gc.enable()
     assert gc.collect() == 0
+
+
+# --- what mutation testing of the record found unpinned --------------------------------------
+
+
+def test_a_failed_detached_copy_caught_after_another_tensor_leaves_that_one_reported() -> None:
+    """The failed tensor is taken out of the record among others met before it (multi-element
+    tensors: anything but identity would compare their values)."""
+
+    class Bare(torch.Tensor):
+        pass
+
+    class CatchesIt:
+        def __init__(self) -> None:
+            self.t = with_history(3).as_subclass(Bare)
+
+        def __deepcopy__(self, memo: Dict[int, Any]) -> str:
+            try:
+                copy.deepcopy(self.t, memo)
+            except deepcopy_shim.DetachedCopyError:
+                return "fallback"
+            return "copied"
+
+    first, last = with_history(3), with_history(3)
+    (w,) = warned(lambda: deepcopy_shim.deepcopy([first, CatchesIt(), last], "warn"))
+    assert w.tensors == (first, last) and w.paths == ("[0]", "[2]")
+
+
+def test_a_warn_copy_frees_its_memo_when_it_ends() -> None:
+    """No frame of a finished copy is kept by the shim: the copy's memo (every object it made)
+    is freed with the copy, as natively."""
+    import weakref
+
+    model = CachedActivationsNet()
+    model(torch.randn(3, 4))
+    with deepcopy_shim.enabled("warn"):
+        warned(lambda: None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            made = copy.deepcopy({"m": model})
+    child = weakref.ref(made["m"].head)
+    del made
+    assert child() is None
+
+
+class HidesItsKeepAliveList(dict):  # type: ignore[type-arg]
+    """A memo whose `__getitem__` answers deepcopy's keep-alive lookup with a copy of the list:
+    the end of a copy cannot be seen through it."""
+
+    def __getitem__(self, key: Any) -> Any:
+        value = super().__getitem__(key)
+        return list(value) if key == id(self) else value
+
+
+def test_a_memo_that_hides_its_keep_alive_list_still_gets_its_warnings() -> None:
+    obj = [with_history(), with_history()]
+    with deepcopy_shim.enabled("warn"):
+        messages = warned(lambda: copy.deepcopy(obj, HidesItsKeepAliveList()))
+    assert [m.tensors for m in messages] == [(obj[0],), (obj[1],)]  # one by one, none lost
+
+
+class CopiesItsParentAfresh:
+    """A child that deep-copies the module holding it, with a fresh memo, inside the copy."""
+
+    def __init__(self, parent: nn.Module) -> None:
+        self.parent = parent
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> str:
+        with deepcopy_shim.enabled("off"):
+            copy.deepcopy(self.parent.fc)  # a native copy of part of the parent
+        return "copied"
+
+
+def test_a_nested_copy_of_the_root_module_does_not_end_the_root_copys_record() -> None:
+    model = CachedActivationsNet()
+    model(torch.randn(3, 4))
+    model.sidecar = CopiesItsParentAfresh(model)
+    model.after = with_history()  # met after the nested copy
+    (w,) = warned(lambda: deepcopy_shim.deepcopy(model, "warn"))
+    assert w.paths == (*CachedActivationsNet.PATHS, "after")
+
+
+class RootAgainInside:
+    """Deep-copies the root module again, with a fresh memo, from inside its copy."""
+
+    def __init__(self) -> None:
+        self.root: Any = None
+        self.copying = False
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> str:
+        if not self.copying:  # once: the inner copy meets this object again
+            self.copying = True
+            try:
+                with deepcopy_shim.enabled("silent"):
+                    copy.deepcopy(self.root)  # the same module object, another (silent) copy
+            finally:
+                self.copying = False
+        return "copied"
+
+
+def test_the_root_module_copied_again_inside_does_not_finish_the_outer_record_early() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    model[0].out = model[0](torch.ones(1, 2))
+    again = RootAgainInside()
+    again.root = model
+    model[0].again = again  # the inner copy of the root runs while model[0] is being copied
+    model[1].out = model[1](torch.ones(1, 2))
+    (w,) = warned(lambda: deepcopy_shim.deepcopy(model, "warn"))
+    assert w.paths == ("[0].out", "[1].out")
+
+
+def test_a_scope_left_inside_its_own_copy_still_reports_that_copy() -> None:
+    scope = deepcopy_shim.enabled("warn")
+
+    class LeavesTheScope:
+        def __deepcopy__(self, memo: Dict[int, Any]) -> str:
+            scope.stop()  # left while the copy it made runs; the copy goes on
+            return "left"
+
+    obj = [with_history(), LeavesTheScope(), with_history()]
+    deepcopy_shim.enable("silent")  # what applies once the scope is left
+    scope.start()
+    messages = warned(lambda: copy.deepcopy(obj))
+    assert [m.paths for m in messages] == [("[0]",)]  # what warn met; [2] was met in silent

@@ -18,7 +18,8 @@ interpreter they start that keeps PYTHONPATH (``python -c`` with the test's envi
 import the mutated copy.  The tree itself is never mutated.
 
 The report, build/mutation/report.md, gives each module's score and every surviving mutant with
-its diff; survivors recorded in tools/mutation-equivalents.toml as equivalent are listed as such.
+its diff; survivors recorded as equivalent in tools/mutation-equivalents/<module>.toml are listed as
+such.
 The exit status is 1 when a survivor is neither killed nor recorded as equivalent, 2 on an error.
 """
 
@@ -56,7 +57,7 @@ except ModuleNotFoundError:  # Python < 3.11: cosmic-ray's own dependency
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "deepcopy_shim"
 CONFIG = ROOT / "cosmic-ray.toml"
-EQUIVALENTS = ROOT / "tools" / "mutation-equivalents.toml"
+EQUIVALENTS = ROOT / "tools" / "mutation-equivalents"  # one <module>.toml per module
 OUT = ROOT / "build" / "mutation"
 BIN = Path(sys.executable).parent
 
@@ -382,9 +383,12 @@ def run_module(session: Session, cfg: Config, workers: Workers, args: argparse.N
 
 
 def load_equivalents() -> List[Dict[str, str]]:
-    if not EQUIVALENTS.exists():
-        return []
-    return [dict(e) for e in _read_toml(EQUIVALENTS).get("equivalent", [])]
+    """Every recorded equivalent: the entries of each module's file in EQUIVALENTS (one file
+    per module, so that survivors of different modules are judged apart)."""
+    found: List[Dict[str, str]] = []
+    for path in sorted(EQUIVALENTS.glob("*.toml")):
+        found.extend(dict(e) for e in _read_toml(path).get("equivalent", []))
+    return found
 
 
 def is_equivalent(survivor: Dict[str, Any], equivalents: List[Dict[str, str]]) -> Optional[str]:
