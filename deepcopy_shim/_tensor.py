@@ -218,14 +218,16 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
                 alias = alias.conj()
             if neg:
                 alias = torch._neg_view(alias)
-            grad = _give_state(tensor, alias)
+            # A conj or neg view made of the copy below is a tensor of its own: the grad goes
+            # on that one, after it.
+            grad = _give_state(tensor, alias, with_grad=not (conj or neg))
             keep_alive(alias, memo)
             result: torch.Tensor = original(alias, memo)
             if neg:
                 result = torch._neg_view(result)
             if conj:
                 result = result.conj()
-            if grad is not None:  # a retained grad the twin could not take: copied after it
+            if grad is not None:  # a retained grad the twin did not take: copied after it
                 result.grad = grad.__deepcopy__(memo)  # type: ignore[no-untyped-call]
     except Exception:
         _detached_copy_failed(record, met, tensor, caller)
@@ -250,10 +252,10 @@ def _detached_copy_failed(record: Optional[_record.CopyRecord], met: Any, tensor
     raise DetachedCopyError(_report.detached_copy_failure(path, tensor, error), path=path) from error  # type: ignore[arg-type]
 
 
-def _give_state(tensor: torch.Tensor, twin: torch.Tensor) -> Optional[torch.Tensor]:
+def _give_state(tensor: torch.Tensor, twin: torch.Tensor, with_grad: bool) -> Optional[torch.Tensor]:
     """Give the leaf `twin` what torch's deepcopy copies beside the data of `tensor`: its
-    instance dict (shallow), slots and retained `.grad`.  Returns the grad if the twin could
-    not take it (the caller copies it after), else None."""
+    instance dict (shallow), slots and, `with_grad`, its retained `.grad`.  Returns the
+    retained grad if the twin was not to take it (the caller copies it after), else None."""
     state = existing_instance_dict(tensor)
     if state:
         twin.__dict__ = dict(state)
@@ -264,10 +266,7 @@ def _give_state(tensor: torch.Tensor, twin: torch.Tensor) -> Optional[torch.Tens
                 setattr(twin, slot, getattr(tensor, slot))
     # .grad of a non-leaf is only readable without torch's warning when it is retained.
     grad = tensor.grad if tensor.retains_grad else None
-    if grad is None:
-        return None
-    try:
-        twin.grad = grad
-    except (RuntimeError, TypeError):  # a twin with conj/neg bits takes no plain grad
+    if grad is None or not with_grad:
         return grad
+    twin.grad = grad
     return None

@@ -81,6 +81,8 @@ FAKE_TORCH = textwrap.dedent(
         print("copied", copy.deepcopy(t).is_leaf)
     except RuntimeError as exc:
         print("refused", type(exc).__name__)
+    except TypeError as exc:
+        print("failed", type(exc).__name__)
     """
 )
 
@@ -93,6 +95,10 @@ FAKE_TORCH = textwrap.dedent(
      "refuses to deep-copy a non-leaf tensor with a message deepcopy_shim does not recognise "
      "(cannot copy a tensor with history); the shim stays out of the way",
      "refused RuntimeError"),
+    ("fails in another way", "raise TypeError('no copies today')",
+     "failed in an unexpected way when deep-copying a non-leaf tensor (TypeError: no copies "
+     "today); the shim stays out of the way",
+     "failed TypeError"),
 ])
 def test_the_shim_stays_out_of_the_way_of_a_torch_it_does_not_recognise(
         what: str, body: str, says: str, then: str) -> None:

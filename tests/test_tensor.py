@@ -338,3 +338,54 @@ def test_property_copy_equals_detach_and_keeps_aliasing(pair: Any) -> None:
     assert_detached_twin(view, c_view)
     assert c_view.untyped_storage().data_ptr() == c_base.untyped_storage().data_ptr()
     assert torch.equal(c_view.detach().resolve_conj(), view.detach().resolve_conj())
+
+
+# --- what mutation testing of the tensor copier found unpinned --------------------------------
+
+
+@pytest.mark.parametrize("bit", ["conj", "neg"])
+def test_a_lazy_conj_or_neg_tensor_keeps_its_retained_grad(bit: str) -> None:
+    x = torch.randn(3, dtype=torch.complex64, requires_grad=True)
+    y = (x * 2).conj() if bit == "conj" else torch._neg_view(x * 2)
+    y.retain_grad()
+    (y.abs() ** 2).sum().backward()
+    with deepcopy_shim.enabled("silent"):
+        made = copy.deepcopy(y)
+    assert (made.is_conj(), made.is_neg()) == (y.is_conj(), y.is_neg())
+    assert made.grad is not None and made.grad is not y.grad and torch.equal(made.grad, y.grad)
+
+
+class Labelled(torch.Tensor):
+    """A subclass with slots (one set, one left unset) that torch can deep-copy as a leaf."""
+
+    __slots__ = ("label", "unset")
+
+    def new_empty(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return super().new_empty(*args, **kwargs).as_subclass(Labelled)
+
+
+def test_a_subclass_with_history_keeps_its_slots_as_torch_keeps_a_leafs() -> None:
+    leaf = torch.ones(2).as_subclass(Labelled)
+    leaf.label = {"name": "leaf"}
+    native = copy.deepcopy(leaf)
+    assert native.label == leaf.label and not hasattr(native, "unset")
+    t = as_nonleaf(torch.ones(2)).as_subclass(Labelled)
+    t.label = {"name": "act"}
+    with deepcopy_shim.enabled("silent"):
+        made = copy.deepcopy(t)
+    assert type(made) is Labelled and made.label == {"name": "act"} and made.label is not t.label
+    assert not hasattr(made, "unset")
+
+
+class Unbuildable(torch.Tensor):  # torch cannot deep-copy it even as a leaf (no new_empty)
+    pass
+
+
+@pytest.mark.parametrize("mode", ["warn", "silent"])
+def test_a_tensor_whose_detached_copy_fails_leaves_the_memo_plain_at_once(mode: str) -> None:
+    t = as_nonleaf(torch.ones(3)).as_subclass(Unbuildable)
+    memo: Dict[Any, Any] = {}
+    with deepcopy_shim.enabled(mode):
+        with pytest.raises(deepcopy_shim.DetachedCopyError):
+            copy.deepcopy(t, memo)
+        assert type(dict.get(memo, id(memo), [])) is list  # before the scope ends
