@@ -497,3 +497,64 @@ def test_a_deepcopy_forwarded_by_getattr_is_used_as_natively() -> None:
     plain = Forwarding(nn.Linear(2, 2))  # the inner module's __deepcopy__ is the shim's: not forwarded
     copied = deepcopy_shim.deepcopy(plain, "strict")
     assert type(copied) is Forwarding and copied.inner is not plain.inner
+
+
+# --- hook dicts that hold hooks --------------------------------------------------------------
+
+
+def _hook(module: nn.Module, args: Any, output: Any) -> None:
+    pass
+
+
+def test_a_hook_dict_of_functions_is_copied_as_native_copies_it() -> None:
+    model = nn.Linear(2, 2)
+    model.handle = model.register_forward_hook(_hook)  # refers to the hook dict, copied after it
+    native = _native_copy(model)
+    copied = copy.deepcopy(model)
+    for made in (native, copied):
+        assert made._forward_hooks is not model._forward_hooks
+        assert list(made._forward_hooks.items()) == list(model._forward_hooks.items())
+        assert made.handle.hooks_dict_ref() is made._forward_hooks  # memoised once
+        assert vars(made).keys() == vars(model).keys()
+
+
+def test_a_hook_dict_with_instance_state_keeps_it() -> None:
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(_hook)
+    model._forward_hooks.note = ["kept"]  # type: ignore[attr-defined]
+    copied = copy.deepcopy(model)
+    assert copied._forward_hooks.note == ["kept"]  # type: ignore[attr-defined]
+    assert copied._forward_hooks.note is not model._forward_hooks.note  # type: ignore[attr-defined]
+    assert list(copied._forward_hooks.values()) == [_hook]
+
+
+def test_deepcopy_dispatch_entries_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copier registered in copy's own dispatch table replaces the shortcuts for its type."""
+    import types
+    from collections import OrderedDict
+
+    seen: Dict[str, List[Any]] = {"function": [], "odict": []}
+
+    def copy_function(value: Any, memo: Dict[int, Any]) -> Any:
+        seen["function"].append(value)
+        return value
+
+    def copy_odict(value: Any, memo: Dict[int, Any]) -> Any:
+        seen["odict"].append(value)
+        made: Any = OrderedDict((k, copy.deepcopy(v, memo)) for k, v in value.items())
+        memo[id(value)] = made
+        return made
+
+    monkeypatch.setitem(copy._deepcopy_dispatch, types.FunctionType, copy_function)  # type: ignore[attr-defined]
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(_hook)
+    copy.deepcopy(model)
+    assert seen["function"] == [_hook]
+    monkeypatch.setitem(copy._deepcopy_dispatch, OrderedDict, copy_odict)  # type: ignore[attr-defined]
+    seen["function"].clear()
+    native = _native_copy(model)
+    natively = len(seen["odict"])
+    seen["odict"].clear()
+    copied = copy.deepcopy(model)
+    assert len(seen["odict"]) == natively > 0 and seen["function"] == [_hook, _hook]
+    assert vars(copied).keys() == vars(native).keys()
