@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import copyreg
 import gc
+import operator
 from collections import OrderedDict
 from types import FunctionType, MethodType
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 import torch
 
@@ -181,19 +182,28 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
     # Atoms, and tuples of atoms, are what deepcopy returns unchanged: start from them.
     new_state = dict(state)
     memo_get = memo.get
+    # deepcopy asks the memo with `memo.get`; for a plain dict `in` is the same question.
+    plain_memo = type(memo) is dict
     # A copyreg registration would replace the reduction of every OrderedDict or set, a
     # deepcopy dispatch entry their copy.
     plain_odicts = _plain(OrderedDict)
     plain_sets = _plain(set)
+    # nn.Module's own hook dicts, when all of them are empty and without instance state:
+    # checked together when the first OrderedDict is met, and again after any value whose copy
+    # may run other code (which could change them).  None: not checked since.
+    empty_hooks: Optional[FrozenSet[str]] = None
     for key, value in state.items():
         kind = type(value)
         if kind is OrderedDict:
+            if empty_hooks is None:
+                empty_hooks = _empty_hook_dicts(state) if plain_odicts else _NO_NAMES
             # deepcopy reduces an empty OrderedDict to OrderedDict() plus its instance
             # attributes.  Those are found among its GC referents (an empty one has no others
             # than an instance dict and a weakref list); `value.__dict__` would create an
             # instance dict on the source.  Non-empty ones take the other path.
-            if value or not plain_odicts or _referents(value):
+            if key not in empty_hooks and (value or not plain_odicts or _referents(value)):
                 new_state[key] = _copy_value(key, value, memo, plain_odicts)
+                empty_hooks = None
                 continue
             make: Callable[[], Any] = OrderedDict
         elif kind in _ATOMIC:
@@ -203,21 +213,51 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
             if value:
                 new_state[key] = (_copy_parameters(value, memo) if key == "_parameters"
                                   else _copy_items(value, memo, _deepcopy))
+                empty_hooks = None
                 continue
             make = dict
         elif kind is set and plain_sets and not value:
             make = set  # deepcopy reduces a set to set(list(items)): set([])
         else:
             new_state[key] = _copy_value(key, value, memo, plain_odicts)
+            empty_hooks = None
             continue
         # The containers made here, memoised as deepcopy memoises them.  Written out rather
         # than called: it runs about 12 times per module, where a call costs ~5% of the whole copy.
         ident = id(value)
-        copied = memo_get(ident, _NIL)
-        if copied is _NIL:
-            copied = memo[ident] = make()
+        if plain_memo:
+            if ident in memo:
+                copied = memo[ident]
+            else:
+                copied = memo[ident] = make()
+        else:
+            copied = memo_get(ident, _NIL)
+            if copied is _NIL:
+                copied = memo[ident] = make()
         new_state[key] = copied
     return new_state
+
+
+# The names nn.Module.__init__ gives its hook dicts (torch 2.0 keeps _parameters, _buffers and
+# _modules in OrderedDicts too: those are not hook dicts).
+_HOOK_NAMES: FrozenSet[str] = frozenset(
+    name for name, value in vars(torch.nn.Module()).items()
+    if type(value) is OrderedDict and name not in ("_parameters", "_buffers", "_modules")
+)
+_hook_dicts = operator.itemgetter(*sorted(_HOOK_NAMES))
+_NO_NAMES: FrozenSet[str] = frozenset()
+
+
+def _empty_hook_dicts(state: Dict[str, Any]) -> FrozenSet[str]:
+    """`_HOOK_NAMES` if `state` has every one of them and none holds anything (no item, no
+    instance state: no GC referents at all); else no names."""
+    try:
+        values = _hook_dicts(state)
+    except KeyError:
+        return _NO_NAMES
+    if any(values) or _referents(*values):
+        return _NO_NAMES
+    return _HOOK_NAMES
 
 
 def _copy_value(key: str, value: Any, memo: Dict[Any, Any], plain_odicts: bool) -> Any:
