@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import types
+from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
@@ -530,9 +532,6 @@ def test_a_hook_dict_with_instance_state_keeps_it() -> None:
 
 def test_deepcopy_dispatch_entries_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     """A copier registered in copy's own dispatch table replaces the shortcuts for its type."""
-    import types
-    from collections import OrderedDict
-
     seen: Dict[str, List[Any]] = {"function": [], "odict": []}
 
     def copy_function(value: Any, memo: Dict[int, Any]) -> Any:
@@ -558,3 +557,50 @@ def test_deepcopy_dispatch_entries_are_honoured(monkeypatch: pytest.MonkeyPatch)
     copied = copy.deepcopy(model)
     assert len(seen["odict"]) == natively > 0 and seen["function"] == [_hook, _hook]
     assert vars(copied).keys() == vars(native).keys()
+
+
+class RegistersAHook:
+    """Registers a forward hook on `owner` when deep-copied: code the copy runs that changes a
+    hook dict the copy has not reached yet."""
+
+    def __init__(self, owner: nn.Module) -> None:
+        self.owner = owner
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        self.owner.register_forward_hook(_hook)
+        return RegistersAHook.__new__(RegistersAHook)
+
+
+def _hook_dict_after_a_registrar() -> nn.Module:
+    model = nn.Linear(2, 2)
+    hooks = model.__dict__.pop("_forward_hooks")
+    model.registrar = RegistersAHook(model)
+    model.__dict__["_forward_hooks"] = hooks  # now after the registrar in the state's order
+    return model
+
+
+def test_a_hook_dict_changed_during_the_copy_is_copied_as_it_is_then() -> None:
+    """The hook dicts are checked together before the first is copied, and again after each
+    value whose copy runs other code: here the registrar's copy registers a hook on the model,
+    in a hook dict that comes later, and natively that dict is copied with the hook in it."""
+    native = _native_copy(_hook_dict_after_a_registrar())
+    copied = copy.deepcopy(_hook_dict_after_a_registrar())
+    assert list(native._forward_hooks.values()) == [_hook]
+    assert list(copied._forward_hooks.values()) == [_hook]
+    assert list(vars(copied)) == list(vars(native))
+
+
+def test_a_module_missing_a_hook_dict_is_copied_as_native_copies_it() -> None:
+    model = nn.Linear(2, 2)
+    del model.__dict__["_forward_hooks_always_called"]  # as a module pickled by an older torch
+    model.__dict__["extra_hooks"] = OrderedDictWithNote()
+    native = _native_copy(model)
+    copied = copy.deepcopy(model)
+    assert list(vars(copied)) == list(vars(native))  # Module.__setstate__ adds it back, at the end
+    assert type(copied.extra_hooks) is OrderedDictWithNote and copied.extra_hooks.note == "kept"
+
+
+class OrderedDictWithNote(OrderedDict):  # type: ignore[type-arg]
+    def __init__(self) -> None:
+        super().__init__()
+        self.note = "kept"
