@@ -297,18 +297,20 @@ def _copy_atomic_items(value: OrderedDict[Any, Any], memo: Dict[Any, Any]) -> An
     (a hook dict: handle ids and plain functions), or None where that is not the case.
 
     deepcopy reduces it to `OrderedDict()`, its instance state and its items, and rebuilds it
-    in that order, memoised before its items; with no instance state (its GC referents are
-    exactly its keys and values) and items that copy to themselves, that is
-    `OrderedDict(value)`, memoised.
+    in that order, memoised before its items; with no instance state and items that copy to
+    themselves, that is `OrderedDict(value)`, memoised.
     """
-    if len(_referents(value)) != 2 * len(value):
-        return None
     dispatch = _DEEPCOPY_DISPATCH
     for key, item in value.items():
         if type(key) not in _ATOMIC:
             return None
         kind = type(item)
         if kind not in _ATOMIC and dispatch.get(kind) is not _DEEPCOPY_ATOMIC:
+            return None
+    # Its GC referents are its keys and values (none of them a dict: atoms, functions, ...)
+    # and its instance dict, if it has one; `value.__dict__` would create one on the source.
+    for referent in _referents(value):
+        if isinstance(referent, dict):
             return None
     return _memoised(value, memo, lambda: OrderedDict(value))
 
@@ -357,14 +359,19 @@ def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any,
         return existing
     new: Dict[Any, Any] = {}
     memo[id(mapping)] = new
-    memo_get = memo.get
+    # deepcopy asks the memo with `memo.get`; for a plain dict `in` is the same question.
+    memo_get = None if type(memo) is dict else memo.get
     for key, item in mapping.items():
         if type(key) not in _ATOMIC:
             key = _deepcopy(key, memo)
         if item is None:
             new[key] = None
             continue
-        found = memo_get(id(item), _NIL)
+        ident = id(item)
+        if memo_get is None:
+            found = memo[ident] if ident in memo else _NIL
+        else:
+            found = memo_get(ident, _NIL)
         if found is not _NIL:
             new[key] = found
         # An instance attribute named __deepcopy__ would win over the class's in getattr.
@@ -373,7 +380,7 @@ def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any,
         else:
             copied = param_deepcopy(item, memo)
             if copied is not item:
-                memo[id(item)] = copied  # the memo entry deepcopy adds (Parameter's own adds it too)
+                memo[ident] = copied  # the memo entry deepcopy adds (Parameter's own adds it too)
             new[key] = copied
     return new
 

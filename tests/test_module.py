@@ -520,6 +520,28 @@ def test_a_hook_dict_of_functions_is_copied_as_native_copies_it() -> None:
         assert vars(made).keys() == vars(model).keys()
 
 
+def test_a_hook_dict_of_functions_takes_no_generic_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepcopy_shim import _module
+
+    generic: List[type] = []
+    original = _module._deepcopy
+
+    def spy(value: Any, memo: Any = None) -> Any:
+        generic.append(type(value))
+        return original(value, memo)
+
+    monkeypatch.setattr(_module, "_deepcopy", spy)
+    model = nn.Sequential(nn.Linear(2, 2))
+    model[0].register_forward_hook(_hook)
+    model[0].register_forward_pre_hook(_hook)
+    copied = copy.deepcopy(model)
+    assert OrderedDict not in generic
+    assert list(copied[0]._forward_hooks.values()) == [_hook]
+    model[0]._forward_hooks.note = "kept"  # type: ignore[attr-defined]
+    copy.deepcopy(model)
+    assert generic.count(OrderedDict) == 1  # instance state: the generic copy, which keeps it
+
+
 def test_a_hook_dict_with_instance_state_keeps_it() -> None:
     model = nn.Linear(2, 2)
     model.register_forward_hook(_hook)
