@@ -28,6 +28,7 @@ __tracebackhide__ = True
 _referents = gc.get_referents
 _owned = _record.OWNED
 Parameter = torch.nn.Parameter
+_PARAMETER_DICT = vars(Parameter)  # a live view: what Parameter's own dict holds when it is read
 # nn.Module has no __getstate__ of its own in torch 2.0, and object has one only since Python
 # 3.11: either may be missing.
 _MODULE_GETSTATE = getattr(torch.nn.Module, "__getstate__", None)
@@ -349,7 +350,7 @@ def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any,
     scope = _modes.current_scope()
     if scope is not None and scope.survey is not None:
         return _copy_items(mapping, memo, scope.survey.copy_value)
-    param_deepcopy = vars(Parameter).get("__deepcopy__")
+    param_deepcopy = _PARAMETER_DICT.get("__deepcopy__")
     # Only a plain function binds to the instance as its first argument; a staticmethod,
     # classmethod or other descriptor put there by someone else is left to deepcopy.
     if type(param_deepcopy) is not FunctionType or Parameter in _DEEPCOPY_DISPATCH:
