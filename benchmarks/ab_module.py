@@ -6,6 +6,14 @@ median over rounds of the per-round ratio, and each method's median time.
 
     .venv/bin/python benchmarks/ab_module.py                 # all cases, against main
     .venv/bin/python benchmarks/ab_module.py --ref HEAD~1 --rounds 41 --cases module-heavy
+    .venv/bin/python benchmarks/ab_module.py --clock cpu     # process CPU time, not wall time
+    .venv/bin/python benchmarks/ab_module.py --blocks 1000 --dict-n 10000 --big-width 1024
+
+Cases: module-heavy (`--blocks` x [Linear(16, 16), LayerNorm(16), ReLU]), module-heavy non-leaf
+(the same, each Linear's output cached by a forward hook: warn against silent; native refuses
+it), dict (`--dict-n` leaf tensors of `--dict-size` floats), big (`--big-layers` x
+Linear(`--big-width`, `--big-width`)).  "floor" (module-heavy only) is
+`floor_module_heavy.copy_model`, "clone" `untyped_storage().clone()` of every tensor.
 
 "old" is `deepcopy_shim/_module.py` as committed at `--ref` (loaded from `git show`), "new" is
 the working tree's; both are installed as `nn.Module.__deepcopy__` in turn, with the same
@@ -205,6 +213,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--blocks", type=int, default=300, help="blocks of module-heavy")
     parser.add_argument("--big-layers", type=int, default=24)
+    parser.add_argument("--big-width", type=int, default=2048, help="big: Linear(width, width)")
+    parser.add_argument("--dict-n", type=int, default=1000, help="dict: how many tensors")
+    parser.add_argument("--dict-size", type=int, default=8, help="dict: floats per tensor")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     old = load_old(args.ref)
@@ -212,8 +223,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     builders: Dict[str, Callable[[], Any]] = {
         "module-heavy": lambda: module_heavy(args.blocks),
         "module-heavy non-leaf": lambda: module_heavy_nonleaf(args.blocks),
-        "dict": tensor_dict,
-        "big": lambda: big(args.big_layers),
+        "dict": lambda: tensor_dict(args.dict_n, args.dict_size),
+        "big": lambda: big(args.big_layers, args.big_width),
     }
     for case in args.cases.split(","):
         rounds = args.rounds if case != "big" else max(5, args.rounds // 3)
