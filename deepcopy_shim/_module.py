@@ -156,7 +156,8 @@ def _is_plain_reduction(rv: Any, cls: Any) -> bool:
         and rv[3] is None
         and rv[4] is None
         and type(rv[2]) is dict
-        and rv[1] == (cls,)
+        and len(rv[1]) == 1
+        and rv[1][0] is cls
         # The class (or a mixin) may compute its state or restore it differently: then only
         # the generic reconstruction is known to do what native deepcopy does.
         and (cls.__getstate__ if _MODULE_GETSTATE is not None
