@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import copyreg
 import gc
+import operator
 from collections import OrderedDict
 from types import FunctionType, MethodType
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 import torch
 
 from . import _modes, _record
 from ._protocol import ATOMIC_TYPES as _ATOMIC  # skipping deepcopy for these is exact
-from ._protocol import COPY_FRAMES, OWNER_FRAMES, ROOT_FRAMES, keep_alive, reconstruct, reduce_for_copy
+from ._protocol import COPY_FRAMES, OWNER_FRAMES, ROOT_FRAMES, keep_alive, reconstruct
 from ._protocol import DEEPCOPY as _deepcopy
+from ._protocol import DEEPCOPY_ATOMIC as _DEEPCOPY_ATOMIC
 from ._protocol import DISPATCH as _DEEPCOPY_DISPATCH
 from ._protocol import NIL as _NIL
 
@@ -26,6 +28,7 @@ __tracebackhide__ = True
 _referents = gc.get_referents
 _owned = _record.OWNED
 Parameter = torch.nn.Parameter
+_PARAMETER_DICT = vars(Parameter)  # a live view: what Parameter's own dict holds when it is read
 # nn.Module has no __getstate__ of its own in torch 2.0, and object has one only since Python
 # 3.11: either may be missing.
 _MODULE_GETSTATE = getattr(torch.nn.Module, "__getstate__", None)
@@ -34,6 +37,7 @@ _MODULE_GETATTR = torch.nn.Module.__getattr__
 _MODULE_BASICSIZE = torch.nn.Module.__basicsize__
 _OBJECT_REDUCE_EX = object.__reduce_ex__
 _OBJECT_REDUCE = object.__reduce__
+_NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]
 
 
 class ModuleDeepcopy:
@@ -124,13 +128,13 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
 
 def _copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     cls = type(module)
-    rv = reduce_for_copy(module)
-    if isinstance(rv, str):
-        return module
-    if (_modes.current_setting() is None or cls in copyreg.dispatch_table
-            or not _is_plain_reduction(rv, cls)):
+    reductor = copyreg.dispatch_table.get(cls)
+    rv: Any = module.__reduce_ex__(4) if reductor is None else reductor(module)
+    if reductor is not None or not _is_plain_reduction(rv, cls):
+        if isinstance(rv, str):
+            return module
         return reconstruct(module, memo, *rv)
-    new = rv[0](*rv[1])
+    new: Any = cls.__new__(cls)  # what rv[0](*rv[1]), copyreg.__newobj__(cls), does
     memo[id(module)] = new
     state = rv[2]
     # Every object memoised below is reachable from `state`, the reduction's dict; keeping it
@@ -141,23 +145,30 @@ def _copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     return new
 
 
-def _is_plain_reduction(rv: Any, cls: type) -> bool:
+def _is_plain_reduction(rv: Any, cls: Any) -> bool:
+    """True if `rv`, the reduction of an instance of `cls`, is one the fast path rebuilds:
+    object's own `(copyreg.__newobj__, (cls,), state dict, None, None)` of a class that keeps
+    nn.Module's copy protocol, in a copy made in one of the shim's modes."""
     return (
-        len(rv) >= 3
-        and rv[0] is copyreg.__newobj__  # type: ignore[attr-defined]
+        type(rv) is tuple
+        and len(rv) == 5
+        and rv[0] is _NEWOBJ
+        and rv[3] is None
+        and rv[4] is None
+        and type(rv[2]) is dict
         and len(rv[1]) == 1
         and rv[1][0] is cls
-        and type(rv[2]) is dict
-        and rv[3:].count(None) == len(rv) - 3
         # The class (or a mixin) may compute its state or restore it differently: then only
         # the generic reconstruction is known to do what native deepcopy does.
-        and getattr(cls, "__getstate__", None) is _MODULE_GETSTATE
+        and (cls.__getstate__ if _MODULE_GETSTATE is not None
+             else getattr(cls, "__getstate__", None)) is _MODULE_GETSTATE
         and cls.__setstate__ is _MODULE_SETSTATE
         and cls.__reduce_ex__ is _OBJECT_REDUCE_EX
         and cls.__reduce__ is _OBJECT_REDUCE
         # Slots would add storage beyond nn.Module's layout (native drops them; so would we,
         # but a class with slots is one this path does not claim to understand).
         and cls.__basicsize__ == _MODULE_BASICSIZE
+        and _modes.current_setting() is not None
     )
 
 
@@ -173,18 +184,28 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
     # Atoms, and tuples of atoms, are what deepcopy returns unchanged: start from them.
     new_state = dict(state)
     memo_get = memo.get
-    # A copyreg registration would replace the reduction of every OrderedDict or set.
-    plain_odicts = OrderedDict not in copyreg.dispatch_table
-    plain_sets = set not in copyreg.dispatch_table
+    # deepcopy asks the memo with `memo.get`; for a plain dict `in` is the same question.
+    plain_memo = type(memo) is dict
+    # A copyreg registration would replace the reduction of every OrderedDict or set, a
+    # deepcopy dispatch entry their copy.
+    plain_odicts = _plain(OrderedDict)
+    plain_sets = _plain(set)
+    # nn.Module's own hook dicts, when all of them are empty and without instance state:
+    # checked together when the first OrderedDict is met, and again after any value whose copy
+    # may run other code (which could change them).  None: not checked since.
+    empty_hooks: Optional[FrozenSet[str]] = None
     for key, value in state.items():
         kind = type(value)
         if kind is OrderedDict:
+            if empty_hooks is None:
+                empty_hooks = _empty_hook_dicts(state) if plain_odicts else _NO_NAMES
             # deepcopy reduces an empty OrderedDict to OrderedDict() plus its instance
             # attributes.  Those are found among its GC referents (an empty one has no others
             # than an instance dict and a weakref list); `value.__dict__` would create an
-            # instance dict on the source.  Non-empty ones take the generic path.
-            if value or not plain_odicts or _referents(value):
-                new_state[key] = _deepcopy(value, memo)
+            # instance dict on the source.  Non-empty ones take the other path.
+            if key not in empty_hooks and (value or not plain_odicts or _referents(value)):
+                new_state[key] = _copy_value(key, value, memo, plain_odicts)
+                empty_hooks = None
                 continue
             make: Callable[[], Any] = OrderedDict
         elif kind in _ATOMIC:
@@ -192,25 +213,108 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
         elif kind is dict:
             # deepcopy's own dict copier: memoise the new dict, then copy each item.
             if value:
-                copier = _parameter_copier() if key == "_parameters" else _deepcopy
-                new_state[key] = _copy_items(value, memo, copier)
+                new_state[key] = (_copy_parameters(value, memo) if key == "_parameters"
+                                  else _copy_items(value, memo, _deepcopy))
+                empty_hooks = None
                 continue
             make = dict
-        elif kind is set and plain_sets and _all_atoms(value):
-            make = value.copy  # deepcopy reduces a set to set(list(items)): the same atoms
-        elif kind is tuple and _all_atoms(value):
-            continue  # deepcopy's tuple copier returns such a tuple itself, memoising nothing
+        elif kind is set and plain_sets and not value:
+            make = set  # deepcopy reduces a set to set(list(items)): set([])
         else:
-            new_state[key] = _deepcopy(value, memo)
+            new_state[key] = _copy_value(key, value, memo, plain_odicts)
+            empty_hooks = None
             continue
         # The containers made here, memoised as deepcopy memoises them.  Written out rather
         # than called: it runs about 12 times per module, where a call costs ~5% of the whole copy.
         ident = id(value)
-        copied = memo_get(ident, _NIL)
-        if copied is _NIL:
-            copied = memo[ident] = make()
+        if plain_memo:
+            if ident in memo:
+                copied = memo[ident]
+            else:
+                copied = memo[ident] = make()
+        else:
+            copied = memo_get(ident, _NIL)
+            if copied is _NIL:
+                copied = memo[ident] = make()
         new_state[key] = copied
     return new_state
+
+
+# The names nn.Module.__init__ gives its hook dicts (torch 2.0 keeps _parameters, _buffers and
+# _modules in OrderedDicts too: those are not hook dicts).
+_HOOK_NAMES: FrozenSet[str] = frozenset(
+    name for name, value in vars(torch.nn.Module()).items()
+    if type(value) is OrderedDict and name not in ("_parameters", "_buffers", "_modules")
+)
+_hook_dicts = operator.itemgetter(*sorted(_HOOK_NAMES))
+_NO_NAMES: FrozenSet[str] = frozenset()
+
+
+def _empty_hook_dicts(state: Dict[str, Any]) -> FrozenSet[str]:
+    """`_HOOK_NAMES` if `state` has every one of them and none holds anything (no item, no
+    instance state: no GC referents at all); else no names."""
+    try:
+        values = _hook_dicts(state)
+    except KeyError:
+        return _NO_NAMES
+    if any(values) or _referents(*values):
+        return _NO_NAMES
+    return _HOOK_NAMES
+
+
+def _copy_value(key: str, value: Any, memo: Dict[Any, Any], plain_odicts: bool) -> Any:
+    """`copy.deepcopy(value, memo)` for a value of a module's state that `_copy_state` does
+    not copy itself."""
+    kind = type(value)
+    if kind is OrderedDict:
+        if value and plain_odicts:
+            copied = _copy_atomic_items(value, memo)
+            if copied is not None:
+                return copied
+    elif kind is set:
+        if _plain(set) and _all_atoms(value):
+            # deepcopy reduces a set to set(list(items)): the same atoms
+            return _memoised(value, memo, value.copy)
+    elif kind is tuple and _all_atoms(value):
+        return value  # deepcopy's tuple copier returns such a tuple itself, memoising nothing
+    return _deepcopy(value, memo)
+
+
+def _plain(kind: type) -> bool:
+    """True if deepcopy copies instances of `kind` through their own reduction."""
+    return kind not in copyreg.dispatch_table and kind not in _DEEPCOPY_DISPATCH
+
+
+def _memoised(value: Any, memo: Dict[Any, Any], make: Callable[[], Any]) -> Any:
+    """The copy of `value` in `memo`, else `make()`, memoised as deepcopy memoises it."""
+    ident = id(value)
+    copied = memo.get(ident, _NIL)
+    if copied is _NIL:
+        copied = memo[ident] = make()
+    return copied
+
+
+def _copy_atomic_items(value: OrderedDict[Any, Any], memo: Dict[Any, Any]) -> Any:
+    """deepcopy of a non-empty OrderedDict whose keys and values deepcopy returns unchanged
+    (a hook dict: handle ids and plain functions), or None where that is not the case.
+
+    deepcopy reduces it to `OrderedDict()`, its instance state and its items, and rebuilds it
+    in that order, memoised before its items; with no instance state and items that copy to
+    themselves, that is `OrderedDict(value)`, memoised.
+    """
+    dispatch = _DEEPCOPY_DISPATCH
+    for key, item in value.items():
+        if type(key) not in _ATOMIC:
+            return None
+        kind = type(item)
+        if kind not in _ATOMIC and dispatch.get(kind) is not _DEEPCOPY_ATOMIC:
+            return None
+    # Its GC referents are its keys and values (none of them a dict: atoms, functions, ...)
+    # and its instance dict, if it has one; `value.__dict__` would create one on the source.
+    for referent in _referents(value):
+        if isinstance(referent, dict):
+            return None
+    return _memoised(value, memo, lambda: OrderedDict(value))
 
 
 def _all_atoms(items: Any) -> bool:
@@ -236,49 +340,57 @@ def _copy_items(mapping: Dict[Any, Any], memo: Dict[Any, Any],
     return new
 
 
+def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any, Any]:
+    """`_copy_items` for a module's `_parameters`, calling `Parameter.__deepcopy__` itself.
+
+    For an `nn.Parameter` of exactly that type deepcopy would find `Parameter.__deepcopy__`
+    (whatever function it is now) and call it; calling that function directly is the same
+    call without deepcopy's dispatch.  Other values go through deepcopy, and inside a survey
+    every value goes to the survey's copier.
+    """
+    scope = _modes.current_scope()
+    if scope is not None and scope.survey is not None:
+        return _copy_items(mapping, memo, scope.survey.copy_value)
+    param_deepcopy = _PARAMETER_DICT.get("__deepcopy__")
+    # Only a plain function binds to the instance as its first argument; a staticmethod,
+    # classmethod or other descriptor put there by someone else is left to deepcopy.
+    if type(param_deepcopy) is not FunctionType or Parameter in _DEEPCOPY_DISPATCH:
+        return _copy_items(mapping, memo, _deepcopy)
+    existing: Dict[Any, Any] = memo.get(id(mapping), _NIL)
+    if existing is not _NIL:
+        return existing
+    new: Dict[Any, Any] = {}
+    memo[id(mapping)] = new
+    # deepcopy asks the memo with `memo.get`; for a plain dict `in` is the same question.
+    memo_get = None if type(memo) is dict else memo.get
+    for key, item in mapping.items():
+        if type(key) not in _ATOMIC:
+            key = _deepcopy(key, memo)
+        if item is None:
+            new[key] = None
+            continue
+        ident = id(item)
+        if memo_get is None:
+            found = memo[ident] if ident in memo else _NIL
+        else:
+            found = memo_get(ident, _NIL)
+        if found is not _NIL:
+            new[key] = found
+        # An instance attribute named __deepcopy__ would win over the class's in getattr.
+        elif type(item) is not Parameter or "__deepcopy__" in item.__dict__:
+            new[key] = _deepcopy(item, memo)
+        else:
+            copied = param_deepcopy(item, memo)
+            if copied is not item:
+                memo[ident] = copied  # the memo entry deepcopy adds (Parameter's own adds it too)
+            new[key] = copied
+    return new
+
+
 # A dict copied here instead of by deepcopy is still a step of the copy's path, and the module
 # copier is a copy frame that can be the root of a copy (a deepcopy written in C calls it
 # directly) and owns the record of a copy whose root it copies (see _record).
 COPY_FRAMES[id(_copy_items.__code__)] = "mapping"
+COPY_FRAMES[id(_copy_parameters.__code__)] = "mapping"
 COPY_FRAMES[id(copy_module.__code__)] = ROOT_FRAMES[id(copy_module.__code__)] = "module"
 OWNER_FRAMES[id(copy_module.__code__)] = "module"
-
-
-_Copier = Callable[[Any, Dict[Any, Any]], Any]
-# The copier made for the Parameter.__deepcopy__ in place when it was made.
-_parameter_copier_for: Tuple[Any, _Copier] = (None, _deepcopy)
-
-
-def _parameter_copier() -> _Copier:
-    """A copier for the values of `_parameters`, equal to `copy.deepcopy`.
-
-    For an `nn.Parameter` of exactly that type deepcopy would find `Parameter.__deepcopy__`
-    (whatever function it is now) and call it; calling that function directly is the same
-    call without deepcopy's dispatch.  Other values go through deepcopy.
-    """
-    global _parameter_copier_for
-    scope = _modes.current_scope()
-    if scope is not None and scope.survey is not None:
-        return scope.survey.copy_value  # type: ignore[no-any-return]
-    param_deepcopy = vars(Parameter).get("__deepcopy__")
-    # Only a plain function binds to the instance as its first argument; a staticmethod,
-    # classmethod or other descriptor put there by someone else is left to deepcopy.
-    if type(param_deepcopy) is not FunctionType or Parameter in _DEEPCOPY_DISPATCH:
-        return _deepcopy
-    if _parameter_copier_for[0] is param_deepcopy:
-        return _parameter_copier_for[1]
-
-    def copy_value(value: Any, memo: Dict[Any, Any]) -> Any:
-        found = memo.get(id(value), _NIL)
-        if found is not _NIL:
-            return found
-        # An instance attribute named __deepcopy__ would win over the class's in getattr.
-        if type(value) is not Parameter or "__deepcopy__" in value.__dict__:
-            return _deepcopy(value, memo)
-        new = param_deepcopy(value, memo)
-        if new is not value:
-            memo[id(value)] = new  # the memo entry deepcopy adds (Parameter's own adds it too)
-        return new
-
-    _parameter_copier_for = (param_deepcopy, copy_value)
-    return copy_value

@@ -17,6 +17,7 @@ __all__ = [
     "ATOMIC_TYPES",
     "COPY_FRAMES",
     "DEEPCOPY",
+    "DEEPCOPY_ATOMIC",
     "DEEPCOPY_CODE",
     "DISPATCH",
     "KEEP_ALIVE_DEPTH",
@@ -36,6 +37,9 @@ DEEPCOPY = copy.deepcopy
 DEEPCOPY_CODE = copy.deepcopy.__code__
 DISPATCH: Dict[type, Any] = copy._deepcopy_dispatch  # type: ignore[attr-defined]
 reconstruct: Callable[..., Any] = copy._reconstruct  # type: ignore[attr-defined]
+# The copier deepcopy's dispatch table gives the types it returns unchanged (functions, types,
+# ranges, ...): it returns the object itself and memoises nothing.
+DEEPCOPY_ATOMIC: Callable[..., Any] = copy._deepcopy_atomic  # type: ignore[attr-defined]
 
 # The names of deepcopy's first two parameters, read from its frames to learn which object a
 # frame copies and with which memo.  Every CPython from 3.9 to 3.14 calls them `x` and `memo`.

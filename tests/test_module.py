@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import types
+from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
@@ -497,3 +499,130 @@ def test_a_deepcopy_forwarded_by_getattr_is_used_as_natively() -> None:
     plain = Forwarding(nn.Linear(2, 2))  # the inner module's __deepcopy__ is the shim's: not forwarded
     copied = deepcopy_shim.deepcopy(plain, "strict")
     assert type(copied) is Forwarding and copied.inner is not plain.inner
+
+
+# --- hook dicts that hold hooks --------------------------------------------------------------
+
+
+def _hook(module: nn.Module, args: Any, output: Any) -> None:
+    pass
+
+
+def test_a_hook_dict_of_functions_is_copied_as_native_copies_it() -> None:
+    model = nn.Linear(2, 2)
+    model.handle = model.register_forward_hook(_hook)  # refers to the hook dict, copied after it
+    native = _native_copy(model)
+    copied = copy.deepcopy(model)
+    for made in (native, copied):
+        assert made._forward_hooks is not model._forward_hooks
+        assert list(made._forward_hooks.items()) == list(model._forward_hooks.items())
+        assert made.handle.hooks_dict_ref() is made._forward_hooks  # memoised once
+        assert vars(made).keys() == vars(model).keys()
+
+
+def test_a_hook_dict_of_functions_takes_no_generic_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepcopy_shim import _module
+
+    generic: List[type] = []
+    original = _module._deepcopy
+
+    def spy(value: Any, memo: Any = None) -> Any:
+        generic.append(type(value))
+        return original(value, memo)
+
+    monkeypatch.setattr(_module, "_deepcopy", spy)
+    model = nn.Sequential(nn.Linear(2, 2))
+    model[0].register_forward_hook(_hook)
+    model[0].register_forward_pre_hook(_hook)
+    copied = copy.deepcopy(model)
+    assert OrderedDict not in generic
+    assert list(copied[0]._forward_hooks.values()) == [_hook]
+    model[0]._forward_hooks.note = "kept"  # type: ignore[attr-defined]
+    copy.deepcopy(model)
+    assert generic.count(OrderedDict) == 1  # instance state: the generic copy, which keeps it
+
+
+def test_a_hook_dict_with_instance_state_keeps_it() -> None:
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(_hook)
+    model._forward_hooks.note = ["kept"]  # type: ignore[attr-defined]
+    copied = copy.deepcopy(model)
+    assert copied._forward_hooks.note == ["kept"]  # type: ignore[attr-defined]
+    assert copied._forward_hooks.note is not model._forward_hooks.note  # type: ignore[attr-defined]
+    assert list(copied._forward_hooks.values()) == [_hook]
+
+
+def test_deepcopy_dispatch_entries_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copier registered in copy's own dispatch table replaces the shortcuts for its type."""
+    seen: Dict[str, List[Any]] = {"function": [], "odict": []}
+
+    def copy_function(value: Any, memo: Dict[int, Any]) -> Any:
+        seen["function"].append(value)
+        return value
+
+    def copy_odict(value: Any, memo: Dict[int, Any]) -> Any:
+        seen["odict"].append(value)
+        made: Any = OrderedDict((k, copy.deepcopy(v, memo)) for k, v in value.items())
+        memo[id(value)] = made
+        return made
+
+    monkeypatch.setitem(copy._deepcopy_dispatch, types.FunctionType, copy_function)  # type: ignore[attr-defined]
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(_hook)
+    copy.deepcopy(model)
+    assert seen["function"] == [_hook]
+    monkeypatch.setitem(copy._deepcopy_dispatch, OrderedDict, copy_odict)  # type: ignore[attr-defined]
+    seen["function"].clear()
+    native = _native_copy(model)
+    natively = len(seen["odict"])
+    seen["odict"].clear()
+    copied = copy.deepcopy(model)
+    assert len(seen["odict"]) == natively > 0 and seen["function"] == [_hook, _hook]
+    assert vars(copied).keys() == vars(native).keys()
+
+
+class RegistersAHook:
+    """Registers a forward hook on `owner` when deep-copied: code the copy runs that changes a
+    hook dict the copy has not reached yet."""
+
+    def __init__(self, owner: nn.Module) -> None:
+        self.owner = owner
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        self.owner.register_forward_hook(_hook)
+        return RegistersAHook.__new__(RegistersAHook)
+
+
+def _hook_dict_after_a_registrar() -> nn.Module:
+    model = nn.Linear(2, 2)
+    hooks = model.__dict__.pop("_forward_hooks")
+    model.registrar = RegistersAHook(model)
+    model.__dict__["_forward_hooks"] = hooks  # now after the registrar in the state's order
+    return model
+
+
+def test_a_hook_dict_changed_during_the_copy_is_copied_as_it_is_then() -> None:
+    """The hook dicts are checked together before the first is copied, and again after each
+    value whose copy runs other code: here the registrar's copy registers a hook on the model,
+    in a hook dict that comes later, and natively that dict is copied with the hook in it."""
+    native = _native_copy(_hook_dict_after_a_registrar())
+    copied = copy.deepcopy(_hook_dict_after_a_registrar())
+    assert list(native._forward_hooks.values()) == [_hook]
+    assert list(copied._forward_hooks.values()) == [_hook]
+    assert list(vars(copied)) == list(vars(native))
+
+
+def test_a_module_missing_a_hook_dict_is_copied_as_native_copies_it() -> None:
+    model = nn.Linear(2, 2)
+    del model.__dict__["_forward_hooks_always_called"]  # as a module pickled by an older torch
+    model.__dict__["extra_hooks"] = OrderedDictWithNote()
+    native = _native_copy(model)
+    copied = copy.deepcopy(model)
+    assert list(vars(copied)) == list(vars(native))  # Module.__setstate__ adds it back, at the end
+    assert type(copied.extra_hooks) is OrderedDictWithNote and copied.extra_hooks.note == "kept"
+
+
+class OrderedDictWithNote(OrderedDict):  # type: ignore[type-arg]
+    def __init__(self) -> None:
+        super().__init__()
+        self.note = "kept"

@@ -1,0 +1,237 @@
+"""Same-run A/B timing of the module copier: this checkout's `_module` against a git ref's.
+
+Issue 18's ratios, each measured within one process, the methods alternated round by round
+(order rotated), `gc.collect()` before every timed call, one torch thread; reported: the
+median over rounds of the per-round ratio, and each method's median time.
+
+    .venv/bin/python benchmarks/ab_module.py                 # all cases, against main
+    .venv/bin/python benchmarks/ab_module.py --ref HEAD~1 --rounds 41 --cases module-heavy
+    .venv/bin/python benchmarks/ab_module.py --clock cpu     # process CPU time, not wall time
+    .venv/bin/python benchmarks/ab_module.py --blocks 1000 --dict-n 10000 --big-width 1024
+
+Cases: module-heavy (`--blocks` x [Linear(16, 16), LayerNorm(16), ReLU]), module-heavy non-leaf
+(the same, each Linear's output cached by a forward hook: warn against silent; native refuses
+it), dict (`--dict-n` leaf tensors of `--dict-size` floats), big (`--big-layers` x
+Linear(`--big-width`, `--big-width`)).  "floor" (module-heavy only) is
+`floor_module_heavy.copy_model`, "clone" `untyped_storage().clone()` of every tensor.
+
+"old" is `deepcopy_shim/_module.py` as committed at `--ref` (loaded from `git show`), "new" is
+the working tree's; both are installed as `nn.Module.__deepcopy__` in turn, with the same
+tensor patch beneath them.  "native" is `copy.deepcopy` with the patch removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+import deepcopy_shim
+from deepcopy_shim import _modes, _patch
+
+try:
+    import copium
+except ImportError:
+    copium = None
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def load_old(ref: str) -> Any:
+    source = subprocess.run(
+        ["git", "show", f"{ref}:deepcopy_shim/_module.py"], cwd=ROOT, check=True,
+        capture_output=True, text=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "_module_old.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("deepcopy_shim._module_old", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+def module_heavy(blocks: int = 300) -> nn.Module:
+    return nn.Sequential(
+        *[m for _ in range(blocks) for m in (nn.Linear(16, 16), nn.LayerNorm(16), nn.ReLU())]
+    )
+
+
+def _cache_output(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+    module.cached = output
+
+
+def module_heavy_nonleaf(blocks: int = 300) -> nn.Module:
+    model = module_heavy(blocks)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            layer.register_forward_hook(_cache_output)
+    model(torch.randn(4, 16))
+    return model
+
+
+def tensor_dict(n: int = 1000, size: int = 8) -> Dict[str, torch.Tensor]:
+    return {f"t{i}": torch.randn(size) for i in range(n)}
+
+
+def big(layers: int = 24, width: int = 2048) -> nn.Module:
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+
+
+def tensors_of(obj: Any) -> List[torch.Tensor]:
+    if isinstance(obj, dict):
+        return list(obj.values())
+    found = [t.detach() for t in list(obj.parameters()) + list(obj.buffers())]
+    for m in obj.modules():
+        cached = vars(m).get("cached")
+        if isinstance(cached, torch.Tensor):
+            found.append(cached.detach())
+    return found
+
+
+# --- methods ------------------------------------------------------------------------------
+
+
+class Switch:
+    """Puts torch and the shim in a state (patch or not, mode, which module copier) before a
+    timed call, by writing the two class attributes directly: no re-install between calls."""
+
+    def __init__(self, old: Any) -> None:
+        self.settings = {}
+        for mode in ("warn", "silent"):
+            deepcopy_shim.enable(mode)
+            self.settings[mode] = _modes.global_setting()
+        self.patch = _patch._installed
+        assert self.patch is not None
+        self.copiers = {"new": self.patch.module_patch, "old": old.ModuleDeepcopy()}
+
+    def native(self) -> None:
+        torch.Tensor.__deepcopy__ = self.patch.original  # type: ignore[method-assign]
+        if "__deepcopy__" in vars(nn.Module):
+            del nn.Module.__deepcopy__
+
+    def shim(self, mode: str, which: str) -> Callable[[], None]:
+        def setup() -> None:
+            torch.Tensor.__deepcopy__ = self.patch.tensor_patch  # type: ignore[method-assign]
+            nn.Module.__deepcopy__ = self.copiers[which]  # type: ignore[attr-defined]
+            _modes.swap_global(self.settings[mode])
+        return setup
+
+    def restore(self) -> None:
+        torch.Tensor.__deepcopy__ = self.patch.tensor_patch  # type: ignore[method-assign]
+        nn.Module.__deepcopy__ = self.patch.module_patch  # type: ignore[attr-defined]
+        _modes.swap_global(self.settings["silent"])
+
+
+Method = Tuple[str, Callable[[], None], Callable[[Any], Any]]
+
+
+def methods(switch: Switch, case: str, tensors: List[torch.Tensor]) -> List[Method]:
+    noop: Callable[[], None] = lambda: None  # noqa: E731
+    clone: Callable[[Any], Any] = lambda obj: [t.untyped_storage().clone() for t in tensors]  # noqa: E731
+    found: List[Method] = [("native", switch.native, copy.deepcopy)]
+    if copium is not None and case not in ("module-heavy non-leaf", "dict"):
+        found.append(("copium", switch.native, copium.deepcopy))
+    modes = ["silent", "warn"] if case == "module-heavy non-leaf" else ["silent"]
+    if case == "module-heavy non-leaf":
+        found = []  # native refuses
+    for mode in modes:
+        for which in ("old", "new"):
+            found.append((f"{which} {mode}", switch.shim(mode, which), copy.deepcopy))
+    if case == "module-heavy":
+        from floor_module_heavy import copy_model
+        found.append(("floor", switch.native, copy_model))
+    found.append(("clone", noop, clone))
+    return found
+
+
+RATIOS: Dict[str, List[Tuple[str, str]]] = {
+    "module-heavy": [("old silent", "clone"), ("new silent", "clone"), ("floor", "clone"),
+                     ("new silent", "floor"), ("copium", "old silent"),
+                     ("copium", "new silent"), ("native", "old silent"), ("native", "new silent"),
+                     ("new silent", "old silent")],
+    "module-heavy non-leaf": [("old warn", "old silent"), ("new warn", "new silent"),
+                              ("old silent", "clone"), ("new silent", "clone"),
+                              ("new silent", "old silent"), ("new warn", "old warn")],
+    "dict": [("old silent", "native"), ("new silent", "native"), ("copium", "native")],
+    "big": [("old silent", "clone"), ("new silent", "clone"), ("native", "clone")],
+}
+
+
+def run(case: str, obj: Any, switch: Switch, rounds: int, clock: str) -> None:
+    tensors = tensors_of(obj)
+    ms = methods(switch, case, tensors)
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+    times: Dict[str, List[float]] = {name: [] for name, _, _ in ms}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _name, setup, fn in ms:  # warm-up
+            setup()
+            fn(obj)
+        for r in range(rounds):
+            order = ms[r % len(ms):] + ms[:r % len(ms)]
+            for name, setup, fn in order:
+                setup()
+                gc.collect()
+                start = timer()
+                out = fn(obj)
+                times[name].append(timer() - start)
+                del out
+    switch.restore()
+    print(f"{case} ({clock} time, {rounds} rounds, {len(tensors)} tensors, "
+          f"{sum(1 for _ in obj.modules()) if isinstance(obj, nn.Module) else 0} modules)")
+    for name in times:
+        print(f"  {name:>12}: {statistics.median(times[name]) * 1e3:8.2f} ms")
+    for a, b in RATIOS[case]:
+        if a in times and b in times:
+            per_round = [x / y for x, y in zip(times[a], times[b])]
+            print(f"  {a:>12} / {b:<12} {statistics.median(per_round):6.3f}x")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ref", default="main")
+    parser.add_argument("--rounds", type=int, default=31)
+    parser.add_argument("--cases", default="module-heavy,module-heavy non-leaf,dict,big")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--blocks", type=int, default=300, help="blocks of module-heavy")
+    parser.add_argument("--big-layers", type=int, default=24)
+    parser.add_argument("--big-width", type=int, default=2048, help="big: Linear(width, width)")
+    parser.add_argument("--dict-n", type=int, default=1000, help="dict: how many tensors")
+    parser.add_argument("--dict-size", type=int, default=8, help="dict: floats per tensor")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    old = load_old(args.ref)
+    switch = Switch(old)
+    builders: Dict[str, Callable[[], Any]] = {
+        "module-heavy": lambda: module_heavy(args.blocks),
+        "module-heavy non-leaf": lambda: module_heavy_nonleaf(args.blocks),
+        "dict": lambda: tensor_dict(args.dict_n, args.dict_size),
+        "big": lambda: big(args.big_layers, args.big_width),
+    }
+    for case in args.cases.split(","):
+        rounds = args.rounds if case != "big" else max(5, args.rounds // 3)
+        run(case, builders[case](), switch, rounds, args.clock)
+    deepcopy_shim.disable()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
