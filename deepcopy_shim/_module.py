@@ -115,33 +115,29 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
     `copy._reconstruct`, the very code native deepcopy runs.  Nothing here depends on the
     mode: what is reported is recorded by the tensors the copy meets (see `_record`).
     """
+    # One frame, not a call into a helper: it runs once per module, and every frame between a
+    # tensor and the copy's root is one more step of the record's walk (see _record).
     try:
-        new = _copy_module(module, memo)
+        cls = type(module)
+        reductor = copyreg.dispatch_table.get(cls)
+        rv: Any = module.__reduce_ex__(4) if reductor is None else reductor(module)
+        if reductor is not None or not _is_plain_reduction(rv, cls):
+            new = module if isinstance(rv, str) else reconstruct(module, memo, *rv)
+        else:
+            new = cls.__new__(cls)  # what rv[0](*rv[1]), copyreg.__newobj__(cls), does
+            memo[id(module)] = new
+            state = rv[2]
+            # Every object memoised below is reachable from `state`, the reduction's dict;
+            # keeping it alive as long as the memo is what deepcopy's per-object _keep_alive
+            # guarantees: no memoised id can be reused by a new object during this copy.
+            keep_alive(state, memo)
+            new.__setstate__(_copy_state(state, memo))  # type: ignore[no-untyped-call]
     except BaseException:
         if _record.open_records():
             _record.module_copy_ended(module, failed=True)
         raise
     if id(module) in _owned:  # the root of a copy whose record this call finishes
         _record.module_copy_ended(module, failed=False)
-    return new
-
-
-def _copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
-    cls = type(module)
-    reductor = copyreg.dispatch_table.get(cls)
-    rv: Any = module.__reduce_ex__(4) if reductor is None else reductor(module)
-    if reductor is not None or not _is_plain_reduction(rv, cls):
-        if isinstance(rv, str):
-            return module
-        return reconstruct(module, memo, *rv)
-    new: Any = cls.__new__(cls)  # what rv[0](*rv[1]), copyreg.__newobj__(cls), does
-    memo[id(module)] = new
-    state = rv[2]
-    # Every object memoised below is reachable from `state`, the reduction's dict; keeping it
-    # alive as long as the memo is what deepcopy's per-object _keep_alive guarantees: no
-    # memoised id can be reused by a new object during this copy.
-    keep_alive(state, memo)
-    new.__setstate__(_copy_state(state, memo))
     return new
 
 
