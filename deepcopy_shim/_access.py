@@ -26,7 +26,7 @@ import keyword
 import math
 import types
 from collections import deque
-from typing import Any, Deque, Dict, Iterator, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -186,9 +186,21 @@ class Locator:
                     for name, value in state.items():
                         if value is child:
                             return (_ATTR, name)
+                # The other members, gathered as they are scanned: a search that goes through
+                # them all without finding the child leaves the parent's table made.
+                others: List[Tuple[Any, _Raw]] = []
                 for member, raw in _members(parent, with_attributes=False):
                     if member is child:
                         return raw
+                    others.append((member, raw))
+                # The first way to a member wins, attributes before the rest, as in _members.
+                table = {}
+                if state is not None:
+                    for name, value in state.items():
+                        table.setdefault(id(value), (_ATTR, name))
+                for member, raw in others:
+                    table.setdefault(id(member), raw)
+                self._tables[key] = table
                 return None
             table = {}
             for member, raw in _members(parent):
