@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+from floor_module_heavy import copy_model, module_heavy
 
 import deepcopy_shim
 from deepcopy_shim import _modes, _patch
@@ -66,12 +67,6 @@ def load_old(ref: str) -> Any:
 
 
 # --- models -------------------------------------------------------------------------------
-
-
-def module_heavy(blocks: int = 300) -> nn.Module:
-    return nn.Sequential(
-        *[m for _ in range(blocks) for m in (nn.Linear(16, 16), nn.LayerNorm(16), nn.ReLU())]
-    )
 
 
 def _cache_output(module: nn.Module, args: Any, output: torch.Tensor) -> None:
@@ -156,7 +151,6 @@ def methods(switch: Switch, case: str, tensors: List[torch.Tensor]) -> List[Meth
         for which in ("old", "new"):
             found.append((f"{which} {mode}", switch.shim(mode, which), copy.deepcopy))
     if case == "module-heavy":
-        from floor_module_heavy import copy_model
         found.append(("floor", switch.native, copy_model))
     found.append(("clone", noop, clone))
     return found

@@ -41,18 +41,19 @@ def inner(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(HERE))
     import ab_module
+    import floor_module_heavy
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     builders = {
-        "module-heavy": lambda: ab_module.module_heavy(args.blocks),
+        "module-heavy": lambda: floor_module_heavy.module_heavy(args.blocks),
         "non-leaf": lambda: ab_module.module_heavy_nonleaf(args.blocks),
         "dict": lambda: ab_module.tensor_dict(args.dict_n, 8),
     }
     obj = builders[args.case]()
     fn = copy.deepcopy
     if args.method == "floor":
-        from floor_module_heavy import copy_model as fn
+        fn = floor_module_heavy.copy_model
     elif args.mode != "native":
         deepcopy_shim.enable(args.mode)
         if args.ref:
