@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
@@ -144,11 +144,14 @@ class Tracker:
     ids their own, and their locals readable, until the end.
     """
 
-    __slots__ = ("root", "met")
+    __slots__ = ("root", "met", "failed")
 
     def __init__(self, root: Any) -> None:
         self.root = root
         self.met: List[_Met] = []
+        # ids of the entries of `met` whose copy failed: not reported, but their frames stay
+        # captured, so a later tensor met under them continues their chain.
+        self.failed: Set[int] = set()
 
     def add(self, tensor: torch.Tensor, walked: List[_Frame], joined: Optional[_Frame]) -> _Met:
         """Enter `tensor`, met under the copy frames `walked` (innermost first, none of them
@@ -161,16 +164,21 @@ class Tracker:
         return met
 
     def forget(self, met: _Met) -> None:
-        """Take `met` out again: its copy failed, so nothing was detached."""
-        for index, found in enumerate(self.met):
-            if found is met:
-                del self.met[index]
-                return
+        """Leave `met` out of the report: its copy failed, so nothing was detached.  Its
+        chain stays: the frames it was met under stay captured, and a tensor met under them
+        later has its path through that chain."""
+        self.failed.add(id(met))
+
+    @property
+    def reported(self) -> bool:
+        """True if a tensor met was detached (its copy did not fail)."""
+        return len(self.met) > len(self.failed)
 
     def release(self) -> None:
         """Let go of the frames: once the copy is over, holding them would hold their locals
         (the copy made so far) in cycles only the garbage collector could free."""
         self.met.clear()
+        self.failed.clear()
 
     def entries(self) -> List[Entry]:
         """Every tensor met, in order, with its path from the root."""
@@ -183,7 +191,9 @@ class Tracker:
         # the tensors met under one frame (a module's children) share it.
         starts: Dict[int, List[Any]] = {}
         found = []
-        for tensor, frames in self.met:
+        failed = self.failed
+        for met in self.met:
+            tensor, frames = met
             # Each frame copies another object (deepcopy's own frame of a module copier it
             # calls was not walked; the tensor's own frame neither): no object twice in a row.
             chain: List[Any] = []
@@ -210,7 +220,8 @@ class Tracker:
                 if frames:
                     starts[id(frames[0])] = prefix
                 chain[:1] = prefix
-            found.append(Entry(tensor, *locator.locate(chain)))
+            if id(met) not in failed:
+                found.append(Entry(tensor, *locator.locate(chain)))
         return found
 
 
@@ -242,7 +253,7 @@ class CopyRecord(Tracker):
         Raises whatever the warning filters make of the warning (`-W error`).
         """
         self._end()
-        if not self.met:
+        if not self.reported:
             return
         entries = self.entries()
         self.release()
