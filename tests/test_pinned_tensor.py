@@ -220,6 +220,33 @@ def test_warn_names_the_root_tensor_and_every_tensor_its_copy_detached(
     assert warned_paths(make()) == [("", inner)]
 
 
+class OwnMemo:
+    """Copies its tensor with a memo of its own, and keeps (and hands its copy) the tensor with
+    history that tensor holds as an attribute."""
+
+    def __init__(self, t: Any) -> None:
+        self.t = t
+        self.alias = t.note
+
+    def __deepcopy__(self, memo: Dict[Any, Any]) -> Any:
+        new = OwnMemo.__new__(OwnMemo)
+        new.t = copy.deepcopy(self.t, {})
+        new.alias = new.t.note
+        return new
+
+
+def test_a_tensor_met_inside_another_tensors_copy_is_named_the_shortest_way_the_copy_allows() -> None:
+    """The copy meets ``alias`` inside the copy of ``t`` (its attribute ``note``), under the
+    holder: the path takes the holder's own one step to it, in every mode and in the survey."""
+    obj = {"h": OwnMemo(_with_attribute())}
+    paths = ["['h'].t", "['h'].alias"]
+    assert found_paths(obj) == paths
+    assert warned_paths(obj) == [tuple(paths)]
+    assert refused_paths(obj) == tuple(paths)
+    made = deepcopy_shim.deepcopy(obj, "silent")
+    assert made["h"].alias is made["h"].t.note and made["h"].alias.is_leaf
+
+
 # --- a memo hit, and the memo passed by keyword -----------------------------------------------
 
 
