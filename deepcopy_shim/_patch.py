@@ -191,8 +191,6 @@ def _sync() -> None:
         return
     if first:
         notify(TorchCompatibilityWarning(patch.problem))
-    if first:
-        notify(TorchCompatibilityWarning(patch.problem))
 
 
 def _defer() -> None:

@@ -395,7 +395,9 @@ def record_for(tensor: torch.Tensor, caller: _Frame, setting: ModeSetting
             record.memo = memo
     if not record.immediate:
         state.records.append(record)
-        record.capture(walked)
+        # A tensor at the root: its own deepcopy frame (the caller) is the root frame, and the
+        # tensors its copy meets (its dict, its grad) are met under it.
+        record.capture([*walked, caller] if outermost is caller else walked)
     return record, record.add(tensor, walked, None)
 
 

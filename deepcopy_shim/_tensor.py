@@ -181,8 +181,11 @@ def _is_torch_refusal(exc: Any, original: Callable[..., Any]) -> bool:
 
 
 def _bind(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
-    # StableFunctionWrapper binds with a MethodType, so the tensor always comes first.
-    return args[0], (args[1] if len(args) > 1 else kwargs["memo"])
+    # torch's signature is (self, memo), each positional or by keyword: called on a tensor,
+    # the tensor comes first (StableFunctionWrapper binds with a MethodType); called through
+    # the class, `self=` may name it.
+    bound = (*args, *(kwargs[name] for name in ("self", "memo")[len(args):]))
+    return bound[0], bound[1]
 
 
 def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict[Any, Any],

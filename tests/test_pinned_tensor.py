@@ -3,9 +3,7 @@
 Each test is a behaviour a user sees through ``copy.deepcopy``, ``deepcopy_shim.deepcopy``,
 ``find_nonleaf_tensors``, ``enable()`` and the package's errors and warnings, compared with what
 torch's own deepcopy does for a leaf where there is one.  The survivors that no input can tell
-apart from the code as written are in ``tools/mutation-equivalents/_tensor.toml``.  The two
-strict xfails are bugs found on the way: they say what the shim should do, and fail (XPASS) once
-it does, to be made plain tests.
+apart from the code as written are in ``tools/mutation-equivalents/_tensor.toml``.
 """
 
 from __future__ import annotations
@@ -131,7 +129,7 @@ def test_someone_elses_tensor_deepcopy_failing_otherwise_leaves_copies_native(
     try:
         with pytest.warns(deepcopy_shim.TorchCompatibilityWarning) as caught:
             deepcopy_shim.enable("silent")
-        (message,) = {str(w.message) for w in caught}  # (the same words twice: see _patch._sync)
+        (message,) = [str(w.message) for w in caught]  # said once
         assert "failed in an unexpected way" in message
         assert "TypeError: no copies of tensors with history today" in message
         assert not deepcopy_shim.is_enabled() and deepcopy_shim.current_mode() is None
@@ -213,13 +211,11 @@ def test_strict_names_the_root_tensor_and_every_tensor_with_history_its_copy_hol
     assert made.is_leaf and getattr(made, inner).is_leaf
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the record of a copy whose root is a tensor with history does not capture the root's "
-    "own deepcopy frame, so a tensor its copy detaches starts a new record and the root drops "
-    "out of the warning"))
 @pytest.mark.parametrize(("make", "inner"), [(_with_attribute, "note"), (_with_history_grad, "grad")])
 def test_warn_names_the_root_tensor_and_every_tensor_its_copy_detached(
         make: Callable[[], torch.Tensor], inner: str) -> None:
+    """A tensor with history at the root, whose copy detaches another (an attribute, a retained
+    grad): one warning names both, as strict and find_nonleaf_tensors do."""
     assert warned_paths(make()) == [("", inner)]
 
 
@@ -299,10 +295,8 @@ def test_the_memo_passed_by_keyword() -> None:
     assert refused.value.paths == ("",)
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=(
-    "bug: _tensor._bind reads the tensor from args[0] only, so the tensor passed as self= "
-    "(Tensor.__deepcopy__ called through the class) raises IndexError"))
 def test_the_tensor_passed_by_keyword() -> None:
+    """`Tensor.__deepcopy__(self=t, memo=m)` through the class works as natively."""
     leaf = torch.ones(2, requires_grad=True)
     native = torch.Tensor.__deepcopy__(self=leaf, memo={})  # type: ignore[no-untyped-call]
     assert native.is_leaf and native.requires_grad
