@@ -37,6 +37,9 @@ __tracebackhide__ = True
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+# torch 2.1 and later clear a tensor's non-serializable caches from the dict they copy; torch
+# 2.0's Tensor.__deepcopy__ copies the whole dict, and never calls a subclass's own method.
+_CLEARS_CACHES = hasattr(_Tensor, "_clear_non_serializable_cached_data")
 # The setting a survey's copy runs in: its semantics are silent's.
 _SETTING = ModeSetting(Mode.SILENT, Source.SCOPE, "deepcopy_shim.find_nonleaf_tensors(obj)")
 # torch's words for its refusal, for a copy a scope without the shim makes inside a survey.
@@ -94,9 +97,8 @@ class Survey:
             state = existing_instance_dict(tensor)
             if state:
                 twin.__dict__ = dict(state)
-                clear = getattr(twin, "_clear_non_serializable_cached_data", None)
-                if clear is not None:
-                    clear()
+                if _CLEARS_CACHES:
+                    twin._clear_non_serializable_cached_data()
                 _protocol.keep_alive(twin.__dict__, memo)
                 twin.__dict__ = copy.deepcopy(twin.__dict__, memo)
         _protocol.own_set(memo, id(tensor), twin)
@@ -127,23 +129,17 @@ def _stand_in(tensor: _Tensor) -> Any:
             twin = torch.empty_strided(tuple(tensor.size()), tuple(tensor.stride()),
                                        dtype=dtype, device="meta")
         except Exception:  # sparse, quantized, nested: no strides, or no meta kernel
-            try:
-                twin = torch.empty(0, dtype=dtype, device="meta")
-            except Exception:
-                twin = torch.empty(0, device="meta")
+            twin = torch.empty(0, dtype=dtype, device="meta")
         requires_grad = bool(tensor.requires_grad) and (twin.is_floating_point() or twin.is_complex())
-    if isinstance(tensor, _Parameter):
-        try:
-            return cls(twin, requires_grad)
-        except Exception:
-            return _Parameter(twin, requires_grad)
-    if cls is not _Tensor:
-        try:
+        if isinstance(tensor, _Parameter):
+            try:
+                return cls(twin, requires_grad)
+            except Exception:  # a subclass whose __new__ takes other arguments
+                return _Parameter(twin, requires_grad)
+        if cls is not _Tensor:
             twin = twin.as_subclass(cls)
-        except Exception:
-            pass
-    if requires_grad:
-        twin.requires_grad_(True)
+        if requires_grad:
+            twin.requires_grad_(True)
     return twin
 
 
