@@ -132,6 +132,38 @@ def test_torch_imported_first_in_another_thread_is_patched() -> None:
     assert proc.stdout.splitlines() == ["installed", "True"], explain(proc)
 
 
+def test_enable_that_cannot_install_as_torch_arrives_raises_and_says_nothing_else() -> None:
+    """torch arrives between enable()'s look at sys.modules and its registration of the
+    post-import hook (another thread's import would do that; here the registration imports
+    it), and the patch cannot be installed: enable() raises, once, and no warning says the
+    patch was not installed at some `import torch`."""
+    proc = run_child(
+        """
+        import warnings, wrapt
+        import deepcopy_shim
+        def other_patch(torch):
+            torch.nn.Module.__deepcopy__ = lambda self, memo: self
+        wrapt.register_post_import_hook(other_patch, "torch")
+        register = wrapt.register_post_import_hook
+        def torch_arrives_first(hook, name):
+            if name == "torch":
+                import torch
+            return register(hook, name)
+        wrapt.register_post_import_hook = torch_arrives_first
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                deepcopy_shim.enable()
+            except RuntimeError as exc:
+                print("raised", "already defines __deepcopy__" in str(exc))
+        from deepcopy_shim import _patch
+        print(_patch.state(), [str(w.message) for w in caught])
+        """
+    )
+    assert proc.returncode == 0, explain(proc)
+    assert proc.stdout.splitlines() == ["raised True", "off []"], explain(proc)
+
+
 # --- users that come while the patch is installed ----------------------------------------------
 
 
