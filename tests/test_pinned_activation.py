@@ -215,7 +215,6 @@ def entries_fail(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("entries_fail")
 def test_a_scope_whose_entry_fails_takes_its_patch_user_back() -> None:
     """An on scope whose entry fails is not entered and leaves no patch installed."""
-    torch.ones(1)  # torch imported: the patch is installed at once, not deferred
     scope = deepcopy_shim.enabled("warn")
     with pytest.raises(Interrupted):
         scope.start()
