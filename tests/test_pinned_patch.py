@@ -5,6 +5,11 @@ Each test is a behaviour seen through `enable()`/`disable()`, the scopes, `impor
 warnings and torch's attributes.  Tests of what happens at `import torch` run in a child
 interpreter (torch is imported once per process); the child inherits PYTHONPATH, so it imports
 the tree under test.
+
+One strict xfail pins a bug found on the way:
+`test_a_task_that_inherited_a_scope_cannot_take_its_patch_away` (a scope inherited by a
+copied context, as every asyncio task gets, and left there releases the entering task's user
+of the patch).
 """
 
 from __future__ import annotations
