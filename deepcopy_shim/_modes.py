@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import sys
 import threading
+import weakref
 from typing import Any, Optional, Union
 
 __all__ = [
@@ -195,17 +197,34 @@ class Scope:
     that entered the scope: a copy made inside it is a top-level copy of its own, even when
     the scope was entered inside another copy (see `_record`).  `survey` is set inside the
     shim's own data-free walk (see `_survey`) and inherited by scopes entered during it.
+    `entrant` is the thread and asyncio task that entered it: a task created inside the scope
+    inherits it (asyncio copies the context) but cannot leave it.
     """
 
-    __slots__ = ("owner", "setting", "boundary", "outer", "survey")
+    __slots__ = ("owner", "setting", "boundary", "outer", "survey", "entrant")
 
     def __init__(self, owner: object, setting: Optional[ModeSetting], boundary: Any,
-                 outer: Optional[Scope], survey: Any = None) -> None:
+                 outer: Optional[Scope], survey: Any = None, entrant: Any = None) -> None:
         self.owner = owner
         self.setting = setting
         self.boundary = boundary
         self.outer = outer
         self.survey: Any = survey if survey is not None else (outer.survey if outer is not None else None)
+        self.entrant: Any = entrant if entrant is not None else _entrant()
+
+
+def _entrant() -> Any:
+    """This thread and asyncio task: (thread id, weak reference to the task or None).
+
+    The task is held weakly: it holds its context, which holds the scope.  Two such pairs are
+    equal for the same thread and the same live task (weak references to live objects compare
+    their referents, and a task's `==` is identity).  asyncio is looked up, not imported:
+    where it is not imported, no task runs.
+    """
+    asyncio = sys.modules.get("asyncio")
+    loop = asyncio._get_running_loop() if asyncio is not None else None
+    task = asyncio.current_task(loop) if loop is not None else None
+    return (threading.get_ident(), weakref.ref(task) if task is not None else None)
 
 
 _global: Optional[ModeSetting] = None
@@ -263,7 +282,8 @@ def pop_scope(owner: object) -> Scope:
     top = _scoped.get()
     above = []
     scope = top
-    while scope is not None and scope.owner is not owner:
+    here = _entrant()
+    while scope is not None and not (scope.owner is owner and scope.entrant == here):
         above.append(scope)
         scope = scope.outer
     if scope is None:
@@ -273,6 +293,6 @@ def pop_scope(owner: object) -> Scope:
         )
     rebuilt = scope.outer
     for later in reversed(above):  # re-link the scopes entered after it, unchanged
-        rebuilt = Scope(later.owner, later.setting, later.boundary, rebuilt, later.survey)
+        rebuilt = Scope(later.owner, later.setting, later.boundary, rebuilt, later.survey, later.entrant)
     _scoped.set(rebuilt)
     return scope

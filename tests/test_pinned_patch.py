@@ -314,10 +314,6 @@ def test_a_scope_left_more_often_than_entered_never_keeps_a_later_enable_from_in
     assert copy.deepcopy(with_history()).is_leaf
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: stop() in a task that only inherited the scope (asyncio copies the context into each "
-    "task) leaves it there and releases the patch user of the task that entered it, whose copies "
-    "are then refused natively while current_mode() still names the scope"))
 def test_a_task_that_inherited_a_scope_cannot_take_its_patch_away() -> None:
     """`stop()` in a task that entered no scope of this object raises (the class docstring),
     also in a task created inside the scope: the entering task's copies stay shimmed."""
