@@ -222,8 +222,11 @@ def _entrant() -> Any:
     where it is not imported, no task runs.
     """
     asyncio = sys.modules.get("asyncio")
-    loop = asyncio._get_running_loop() if asyncio is not None else None
-    task = asyncio.current_task(loop) if loop is not None else None
+    task = None
+    if asyncio is not None:
+        loop = asyncio._get_running_loop()
+        if loop is not None:
+            task = asyncio.current_task(loop)
     return (threading.get_ident(), weakref.ref(task) if task is not None else None)
 
 
