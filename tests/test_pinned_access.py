@@ -1,0 +1,222 @@
+"""How paths are spelled and found, pinned where mutation testing of `deepcopy_shim._access`
+found them unpinned (issue 20): the way a path takes (the copy's own, else the shortest search),
+the bounds of that search, every kind of member a path can step through, the spelling of each
+step, and that finding a path only reads (no instance dict made on the source).
+
+Every test goes through the public API: `find_nonleaf_tensors`, mode `warn`'s
+`DetachedTensorsWarning.paths` and mode `strict`'s `NonLeafTensorError.paths`, which report the
+same paths for the same object.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+import gc
+import warnings
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import torch
+import torch.nn as nn
+from support.models import resolve, with_history
+
+import deepcopy_shim
+from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError
+
+pytestmark = pytest.mark.filterwarnings("default::deepcopy_shim.DeepcopyShimWarning")
+
+
+def found(obj: Any) -> List[str]:
+    """The paths `find_nonleaf_tensors(obj)` reports, checked against what modes warn and
+    strict report for the same object (strict's as a set: a tensor a `__getstate__` makes
+    anew is one tensor to the copy strict refused and another to its survey), and every
+    spelled path checked to reach its tensor."""
+    pairs = deepcopy_shim.find_nonleaf_tensors(obj)
+    labels = [label for label, _ in pairs]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        deepcopy_shim.deepcopy(obj, "warn")
+    reports = [w.message for w in caught if isinstance(w.message, DetachedTensorsWarning)]
+    assert [list(w.paths) for w in reports] == ([labels] if labels else [])
+    if labels:
+        with pytest.raises(NonLeafTensorError) as refused:
+            deepcopy_shim.deepcopy(obj, "strict")
+        assert set(refused.value.paths) == set(labels)
+    for label, tensor in pairs:
+        if "<" not in label:
+            assert resolve(obj, label) is tensor, label
+    return labels
+
+
+class Holder:
+    """A plain object: the copy goes through its instance dict."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+class NoLiteral:
+    """A dict key with no literal spelling."""
+
+
+class Shared:
+    """Shared, not copied, by a copy (its `__deepcopy__` returns itself): the copy never goes
+    through what it holds."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Shared:
+        return self
+
+
+def rebuilt(way: str, **attributes: Any) -> Any:
+    """An object holding `attributes` whose `__getstate__` returns only `{"x": <what `way`
+    reaches from it>}`: the copy meets that object in a state dict no Python access reaches,
+    so its path is found by the bounded search from the object."""
+
+    class Rebuilt:
+        def __getstate__(self) -> Dict[str, Any]:
+            return {"x": resolve(self, way)}
+
+    obj = Rebuilt()
+    obj.__dict__.update(attributes)
+    return obj
+
+
+def nested(t: torch.Tensor, depth: int) -> Any:
+    """`t` inside `depth` lists, one in another."""
+    obj: Any = t
+    for _ in range(depth):
+        obj = [obj]
+    return obj
+
+
+# --- the way a path takes ------------------------------------------------------------------
+
+
+def test_a_path_goes_the_copys_way_not_through_an_alias_the_copy_did_not_enter() -> None:
+    """The tensor is reported under the object the copy went through (`a`), not under an
+    earlier member that holds it too but that the copy did not enter (`shared`), whether the
+    copied object is a dict, a plain object or a dict whose first value was located before."""
+    t = with_history()
+    assert found({"shared": Shared(t), "a": Holder(t)}) == ["['a'].t"]
+    root = Holder(with_history())
+    root.shared = Shared(t)
+    root.h = Holder(t)
+    del root.t
+    assert found(root) == ["h.t"]
+    first = with_history()
+    assert found({"first": first, "shared": Shared(t), "a": Holder(t)}) == ["['first']", "['a'].t"]
+
+
+class FreshCopy:
+    """Its `__deepcopy__` copies what it holds with a fresh memo: the copy meets those objects
+    again, as new, after meeting them through the rest of the copied object."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> FreshCopy:
+        return FreshCopy(copy.deepcopy(self.inner))
+
+
+def test_an_object_the_copy_meets_again_keeps_the_path_it_was_first_found_at() -> None:
+    """A tensor met a second time (under a fresh memo) is named where it was first located,
+    not spelled anew from the objects around its second meeting."""
+    inner = Holder(with_history())
+    obj = {"a": {"first": inner}, "b": {"custom": FreshCopy(inner)}}
+    assert found(obj) == ["['a']['first'].t", "['a']['first'].t"]
+
+
+# --- the bounded search, where no one step leads on ------------------------------------------
+
+
+def test_a_search_that_finds_the_way_on_is_continued_from_where_it_got_to() -> None:
+    """No step of access leads from the rebuilt object to what the copy met next: the search
+    finds the way, from however deep the rebuilt object sits, and the path goes on from there."""
+    t = with_history()
+    pair = (t, 1)
+    assert found({"a": {"b": rebuilt("pair[0]", pair=pair)}}) == ["['a']['b'].pair[0]"]
+
+
+class WholeState:
+    """Its state is another object it holds (two steps away), given back whole."""
+
+    def __init__(self, state: Any) -> None:
+        self.holder = Holder(state)
+
+    def __getstate__(self) -> Any:
+        return self.holder.t
+
+    def __setstate__(self, state: Any) -> None:
+        self.holder = Holder(state)
+
+
+@pytest.mark.parametrize(("state", "why"), [
+    (lambda t: {t}, "a member of this set (sets have no index)"),
+    (lambda t: {NoLiteral(): t}, "under a key of this dict that has no literal spelling (NoLiteral)"),
+], ids=["set", "dict"])
+def test_a_search_that_reaches_only_the_next_object_met_goes_on_from_it(state: Any, why: str) -> None:
+    """The search from the rebuilt object reaches the container the copy met next, and nothing
+    past it: the path goes on to that container and stops there, with the container's reason,
+    not the rebuilt object's."""
+    assert found({"o": WholeState(state(with_history()))}) == [f"['o'].holder.t <{why}>"]
+
+
+def test_a_search_never_goes_back_to_an_object_already_passed() -> None:
+    """What the search from a rebuilt object reaches by a back-reference (its owner, and the
+    owner's members the copy came through) is not where the path goes on: the path stops at the
+    rebuilt object, with its reason."""
+    root: Dict[str, Any] = {}
+    leaf = torch.ones(2, requires_grad=True)
+
+    class Doubling:
+        def __init__(self) -> None:
+            self.owner = root
+            self.x = leaf
+
+        def __getstate__(self) -> Dict[str, Any]:
+            return {"x": self.x * 2}
+
+    root["a"] = {"d": Doubling()}
+    assert found(root) == ["['a']['d'] <rebuilt from what Doubling.__getstate__ returns>"]
+
+
+@pytest.mark.parametrize(("depth", "expected"), [
+    (5, ["['o'].deep[0][0][0][0][0]"]),
+    (6, ["['o'] <rebuilt from what Rebuilt.__getstate__ returns>"]),
+], ids=["six-steps", "seven-steps"])
+def test_the_search_goes_six_steps_deep(depth: int, expected: List[str]) -> None:
+    """The search from a rebuilt object reaches what lies six steps from it (`.deep` and five
+    indices), and nothing further."""
+    way = "deep" + "[0]" * depth
+    assert found({"o": rebuilt(way, deep=nested(with_history(), depth))}) == expected
+
+
+def _budgeted(lists: int) -> Any:
+    # The search meets the object (1), `.big` and `.z` (3), then `.big`'s lists: 3 + `lists` seen
+    # before it takes `.z`, whose member is the tensor.
+    return {"o": rebuilt("z[0]", big=[[] for _ in range(lists)], z=[with_history()])}
+
+
+def test_the_search_stops_after_meeting_twenty_thousand_objects() -> None:
+    """The search takes another object while fewer than 20 000 are seen, and stops at 20 000."""
+    assert found(_budgeted(20_000 - 4)) == ["['o'].z[0]"]
+    assert found(_budgeted(20_000 - 3)) == ["['o'] <rebuilt from what Rebuilt.__getstate__ returns>"]
+
+
+def _function() -> None:  # a member the search does not enter
+    pass
+
+
+def test_the_search_passes_what_it_cannot_enter_or_spell_and_takes_the_first_way() -> None:
+    """The search does not enter a function, steps past a member under a key with no
+    spelling, and among two names of one object keeps the first."""
+    t = with_history()
+    assert found({"o": rebuilt("box[0]", fn=_function, box=[t])}) == ["['o'].box[0]"]
+    assert found({"o": rebuilt("d['k']", d={NoLiteral(): [], "k": t})}) == ["['o'].d['k']"]
+    box = [t]
+    assert found({"o": rebuilt("second[0]", first=box, second=box)}) == ["['o'].first[0]"]
