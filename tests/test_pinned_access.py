@@ -61,6 +61,19 @@ class NoLiteral:
     """A dict key with no literal spelling."""
 
 
+def claims_to_be(claimed: type) -> type:
+    """A class that says it equals `claimed` (its metaclass's `__eq__`): only an identity test
+    tells the two apart."""
+
+    class Claims(type):
+        def __eq__(cls, other: Any) -> bool:
+            return other is claimed
+
+        __hash__ = type.__hash__
+
+    return Claims(f"Claims{claimed.__name__.title()}", (), {})
+
+
 class Shared:
     """Shared, not copied, by a copy (its `__deepcopy__` returns itself): the copy never goes
     through what it holds."""
@@ -220,3 +233,133 @@ def test_the_search_passes_what_it_cannot_enter_or_spell_and_takes_the_first_way
     assert found({"o": rebuilt("d['k']", d={NoLiteral(): [], "k": t})}) == ["['o'].d['k']"]
     box = [t]
     assert found({"o": rebuilt("second[0]", first=box, second=box)}) == ["['o'].first[0]"]
+
+
+# --- the members a path steps through, and how each step is spelled -------------------------
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class WithWeakref:
+    __slots__ = ("__weakref__", "a")
+
+    def __init__(self, a: torch.Tensor) -> None:
+        self.a = a
+
+
+class WithDictSlot:
+    __slots__ = ("__dict__", "b")
+
+    def __init__(self, b: torch.Tensor) -> None:
+        self.b = b
+
+
+def _hook(*args: Any) -> None:
+    pass
+
+
+def test_attributes_of_ordered_dicts_and_partials_named_tuple_fields_and_slots_are_steps() -> None:
+    """An attribute of an OrderedDict or a partial (whose instance dict exists once asked for),
+    a named tuple's field, and a slot declared beside `__weakref__` or `__dict__` are each
+    one step."""
+    od: Any = collections.OrderedDict(k=1)
+    od.extra = with_history()
+    partial: Any = functools.partial(_hook)
+    partial.note = with_history()
+    obj = {"od": od, "p": partial, "nt": Point(with_history(), 1),
+           "w": WithWeakref(with_history()), "d": WithDictSlot(with_history())}
+    assert found(obj) == ["['od'].extra", "['p'].note", "['nt'].x", "['w'].a", "['d'].b"]
+
+
+def test_attribute_names_that_are_not_identifiers_are_spelled_as_dict_keys() -> None:
+    """An instance attribute, or a submodule, whose name is not an identifier (`x y`) or is a
+    keyword (`class`) is spelled through `__dict__` or `_modules`."""
+    obj = Holder(with_history())
+    setattr(obj, "x y", with_history())
+    setattr(obj, "class", with_history())
+    assert found(obj) == ["t", "__dict__['x y']", "__dict__['class']"]
+    model = nn.Module()
+    for name in ("x y", "class"):
+        model.add_module(name, nn.Linear(1, 1))
+        model._modules[name].out = with_history()
+    assert found(model) == ["_modules['x y'].out", "_modules['class'].out"]
+
+
+def test_container_modules_spell_only_their_own_members_by_index_or_key() -> None:
+    """A Sequential's buffer, a ModuleList's buffer named like an index and a ModuleDict's
+    parameter are attributes (or `_buffers[...]`), not the container's items."""
+    seq = nn.Sequential(nn.Linear(1, 1))
+    seq.register_buffer("running", with_history())
+    assert found(seq) == ["running"]
+    listed = nn.ModuleList([nn.Linear(1, 1)])
+    listed.register_buffer("5", with_history())
+    assert found(listed) == ["_buffers['5']"]
+    keyed = nn.ModuleDict({"lin": nn.Linear(1, 1)})
+    keyed._parameters["w"] = with_history()  # as reparametrizations put one there
+    assert found(keyed) == ["w"]
+
+
+# --- finding a path only reads --------------------------------------------------------------
+
+
+def _dicts_held(obj: Any) -> int:
+    # Read without asking for `__dict__` (which would make it): an instance dict made since is
+    # one dict more among what `obj` holds.
+    return sum(type(ref) is dict for ref in gc.get_referents(obj))
+
+
+class Tagged(torch.Tensor):
+    """A subclass with a slot, that torch can deep-copy."""
+
+    __slots__ = ("tag",)
+
+    def new_empty(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return super().new_empty(*args, **kwargs).as_subclass(Tagged)
+
+
+def test_finding_paths_makes_no_instance_dict_on_the_source() -> None:
+    """No tensor, OrderedDict or partial of the copied object gets an instance dict from
+    having its paths found (native deepcopy makes none either), not even a tensor whose slot
+    holds an object of a class that claims to equal `dict`."""
+    tagged = with_history().as_subclass(Tagged)
+    tagged.tag = claims_to_be(dict)()
+    obj = {"t": with_history(), "tagged": tagged, "od": collections.OrderedDict(k=with_history()),
+           "p": functools.partial(_hook, with_history()), "list": [with_history()]}
+    watched = [obj["t"], tagged, obj["od"], obj["p"], obj["list"][0]]
+    before = [_dicts_held(o) for o in watched]
+    assert found(obj) == ["['t']", "['tagged']", "['od']['k']", "['p'].args[0]", "['list'][0]"]
+    assert [_dicts_held(o) for o in watched] == before
+
+
+class DictUnreadable:
+    """An object whose `__dict__` raises TypeError when read (as a proxy's can)."""
+
+    @property  # type: ignore[misc]
+    def __dict__(self) -> Dict[str, Any]:  # type: ignore[override]
+        raise TypeError("no __dict__ here")
+
+
+def test_an_object_whose_dict_cannot_be_read_is_searched_as_one_without_attributes() -> None:
+    """The search passes an object whose `__dict__` raises TypeError and finds the way on."""
+    assert found({"o": rebuilt("box[0]", opaque=DictUnreadable(), box=[with_history()])}) == [
+        "['o'].box[0]"
+    ]
+
+
+def test_a_dict_key_is_spelled_only_where_its_literal_gives_back_an_equal_key() -> None:
+    """Strings, numbers, bools, bytes, None and tuples of them are spelled as literals; a float
+    that is not finite, a tuple holding one, a frozenset and a key whose class claims to equal
+    `tuple` are not, and the path stops at the dict, saying under what key."""
+    def no_literal(kind: str) -> str:
+        return f"<under a key of this dict that has no literal spelling ({kind})>"
+
+    weird = claims_to_be(tuple)()
+    keys: List[Any] = ["s", 7, True, b"b", None, 2.5, ("a", 1), ((1, None), b"c"),
+                       float("inf"), float("nan"), ("a", float("-inf")), frozenset({1}), weird]
+    obj = {key: with_history() for key in keys}
+    assert found(obj) == [
+        "['s']", "[7]", "[True]", "[b'b']", "[None]", "[2.5]", "[('a', 1)]", "[((1, None), b'c')]",
+        no_literal("float"), no_literal("float"), no_literal("tuple"), no_literal("frozenset"),
+        no_literal("ClaimsTuple"),
+    ]
