@@ -14,6 +14,7 @@ import collections
 import copy
 import functools
 import gc
+import pathlib
 import warnings
 from typing import Any, Dict, List, Tuple
 
@@ -113,9 +114,11 @@ def nested(t: torch.Tensor, depth: int) -> Any:
 def test_a_path_goes_the_copys_way_not_through_an_alias_the_copy_did_not_enter() -> None:
     """The tensor is reported under the object the copy went through (`a`), not under an
     earlier member that holds it too but that the copy did not enter (`shared`), whether the
-    copied object is a dict, a plain object or a dict whose first value was located before."""
+    copied object is a dict (at the top or one level down), a plain object or a dict whose
+    first value was located before."""
     t = with_history()
     assert found({"shared": Shared(t), "a": Holder(t)}) == ["['a'].t"]
+    assert found({"x": {"shared": Shared(t), "a": Holder(t)}}) == ["['x']['a'].t"]
     root = Holder(with_history())
     root.shared = Shared(t)
     root.h = Holder(t)
@@ -123,6 +126,16 @@ def test_a_path_goes_the_copys_way_not_through_an_alias_the_copy_did_not_enter()
     assert found(root) == ["h.t"]
     first = with_history()
     assert found({"first": first, "shared": Shared(t), "a": Holder(t)}) == ["['first']", "['a'].t"]
+
+
+def test_a_path_goes_straight_to_the_furthest_object_one_step_reaches() -> None:
+    """The copy went through a cache holding the tensor that is also an attribute: the path
+    is that attribute, not the way through the cache."""
+    root = Holder(with_history())
+    root.cache = Holder(root.t)
+    root.tensor = root.t
+    del root.t
+    assert found(root) == ["tensor"]
 
 
 class FreshCopy:
@@ -180,22 +193,26 @@ def test_a_search_that_reaches_only_the_next_object_met_goes_on_from_it(state: A
 
 
 def test_a_search_never_goes_back_to_an_object_already_passed() -> None:
-    """What the search from a rebuilt object reaches by a back-reference (its owner, and the
-    owner's members the copy came through) is not where the path goes on: the path stops at the
-    rebuilt object, with its reason."""
-    root: Dict[str, Any] = {}
+    """What the search from a rebuilt object reaches by a back-reference (the dict that holds
+    it, and what that dict's owners hold) is not where the path goes on: the path stops at the
+    rebuilt object, with its reason, however deep it sits."""
     leaf = torch.ones(2, requires_grad=True)
 
     class Doubling:
-        def __init__(self) -> None:
-            self.owner = root
+        def __init__(self, owner: Dict[str, Any]) -> None:
+            self.owner = owner
             self.x = leaf
 
         def __getstate__(self) -> Dict[str, Any]:
             return {"x": self.x * 2}
 
-    root["a"] = {"d": Doubling()}
-    assert found(root) == ["['a']['d'] <rebuilt from what Doubling.__getstate__ returns>"]
+    why = "<rebuilt from what Doubling.__getstate__ returns>"
+    root: Dict[str, Any] = {}
+    root["a"] = {"d": Doubling(root)}
+    assert found(root) == [f"['a']['d'] {why}"]
+    innermost: Dict[str, Any] = {}
+    innermost["d"] = Doubling(innermost)
+    assert found({"a": {"b": {"c": innermost}}}) == [f"['a']['b']['c']['d'] {why}"]
 
 
 @pytest.mark.parametrize(("depth", "expected"), [
@@ -216,9 +233,11 @@ def _budgeted(lists: int) -> Any:
 
 
 def test_the_search_stops_after_meeting_twenty_thousand_objects() -> None:
-    """The search takes another object while fewer than 20 000 are seen, and stops at 20 000."""
+    """The search takes another object while fewer than 20 000 are seen, and stops at 20 000
+    or more."""
     assert found(_budgeted(20_000 - 4)) == ["['o'].z[0]"]
-    assert found(_budgeted(20_000 - 3)) == ["['o'] <rebuilt from what Rebuilt.__getstate__ returns>"]
+    for lists in (20_000 - 3, 20_000 - 2):
+        assert found(_budgeted(lists)) == ["['o'] <rebuilt from what Rebuilt.__getstate__ returns>"]
 
 
 def _function() -> None:  # a member the search does not enter
@@ -226,10 +245,10 @@ def _function() -> None:  # a member the search does not enter
 
 
 def test_the_search_passes_what_it_cannot_enter_or_spell_and_takes_the_first_way() -> None:
-    """The search does not enter a function, steps past a member under a key with no
-    spelling, and among two names of one object keeps the first."""
+    """The search steps past a number and does not enter a function, steps past a member
+    under a key with no spelling, and among two names of one object keeps the first."""
     t = with_history()
-    assert found({"o": rebuilt("box[0]", fn=_function, box=[t])}) == ["['o'].box[0]"]
+    assert found({"o": rebuilt("box[0]", n=1, fn=_function, box=[t])}) == ["['o'].box[0]"]
     assert found({"o": rebuilt("d['k']", d={NoLiteral(): [], "k": t})}) == ["['o'].d['k']"]
     box = [t]
     assert found({"o": rebuilt("second[0]", first=box, second=box)}) == ["['o'].first[0]"]
@@ -248,6 +267,13 @@ class WithWeakref:
         self.a = a
 
 
+class WithEmptySlot:
+    __slots__ = ("unset", "c")
+
+    def __init__(self, c: torch.Tensor) -> None:
+        self.c = c
+
+
 class WithDictSlot:
     __slots__ = ("__dict__", "b")
 
@@ -261,15 +287,19 @@ def _hook(*args: Any) -> None:
 
 def test_attributes_of_ordered_dicts_and_partials_named_tuple_fields_and_slots_are_steps() -> None:
     """An attribute of an OrderedDict or a partial (whose instance dict exists once asked for),
-    a named tuple's field, and a slot declared beside `__weakref__` or `__dict__` are each
-    one step."""
+    a named tuple's field, a slot declared beside `__weakref__`, an empty slot or `__dict__`,
+    and a leaf's `.grad` are each one step."""
     od: Any = collections.OrderedDict(k=1)
     od.extra = with_history()
     partial: Any = functools.partial(_hook)
     partial.note = with_history()
-    obj = {"od": od, "p": partial, "nt": Point(with_history(), 1),
-           "w": WithWeakref(with_history()), "d": WithDictSlot(with_history())}
-    assert found(obj) == ["['od'].extra", "['p'].note", "['nt'].x", "['w'].a", "['d'].b"]
+    leaf = torch.ones(2, requires_grad=True)
+    (leaf * leaf).sum().backward(create_graph=True)  # its .grad has a history
+    obj = {"od": od, "p": partial, "nt": Point(with_history(), 1), "w": WithWeakref(with_history()),
+           "e": WithEmptySlot(with_history()), "d": WithDictSlot(with_history()), "leaf": leaf}
+    assert found(obj) == [
+        "['od'].extra", "['p'].note", "['nt'].x", "['w'].a", "['e'].c", "['d'].b", "['leaf'].grad",
+    ]
 
 
 def test_attribute_names_that_are_not_identifiers_are_spelled_as_dict_keys() -> None:
@@ -287,14 +317,19 @@ def test_attribute_names_that_are_not_identifiers_are_spelled_as_dict_keys() -> 
 
 
 def test_container_modules_spell_only_their_own_members_by_index_or_key() -> None:
-    """A Sequential's buffer, a ModuleList's buffer named like an index and a ModuleDict's
-    parameter are attributes (or `_buffers[...]`), not the container's items."""
+    """A Sequential's buffer and parameter, a ModuleList's buffer and parameter named like an
+    index, a ModuleList's submodule not named like one, and a ModuleDict's parameter are
+    attributes (or `_buffers[...]`, `_parameters[...]`), not the container's items."""
     seq = nn.Sequential(nn.Linear(1, 1))
     seq.register_buffer("running", with_history())
-    assert found(seq) == ["running"]
+    seq._parameters["w"] = with_history()  # as reparametrizations put one there
+    assert found(seq) == ["w", "running"]
     listed = nn.ModuleList([nn.Linear(1, 1)])
     listed.register_buffer("5", with_history())
-    assert found(listed) == ["_buffers['5']"]
+    listed._parameters["7"] = with_history()
+    listed.add_module("head", nn.Linear(1, 1))
+    listed.head.out = with_history()
+    assert found(listed) == ["_parameters['7']", "_buffers['5']", "head.out"]
     keyed = nn.ModuleDict({"lin": nn.Linear(1, 1)})
     keyed._parameters["w"] = with_history()  # as reparametrizations put one there
     assert found(keyed) == ["w"]
@@ -332,34 +367,65 @@ def test_finding_paths_makes_no_instance_dict_on_the_source() -> None:
     assert [_dicts_held(o) for o in watched] == before
 
 
-class DictUnreadable:
-    """An object whose `__dict__` raises TypeError when read (as a proxy's can)."""
+def dict_unreadable(error: type) -> Any:
+    """An object whose `__dict__` raises `error` when read (as a proxy's can)."""
+
+    class DictUnreadable:
+        @property  # type: ignore[misc]
+        def __dict__(self) -> Dict[str, Any]:  # type: ignore[override]
+            raise error("no __dict__ here")
+
+    return DictUnreadable()
+
+
+@pytest.mark.parametrize("error", [AttributeError, TypeError])
+def test_an_object_whose_dict_cannot_be_read_is_searched_as_one_without_attributes(error: type) -> None:
+    """The search passes an object whose `__dict__` raises AttributeError or TypeError and
+    finds the way on."""
+    obj = {"o": rebuilt("box[0]", opaque=dict_unreadable(error), box=[with_history()])}
+    assert found(obj) == ["['o'].box[0]"]
+
+
+class NoDictSlot:
+    """No instance dict (only slots), but a class attribute named `__dict__` that must not run."""
+
+    __slots__ = ("a",)
 
     @property  # type: ignore[misc]
     def __dict__(self) -> Dict[str, Any]:  # type: ignore[override]
-        raise TypeError("no __dict__ here")
+        raise RuntimeError("__dict__ of an object without one was read")
 
 
-def test_an_object_whose_dict_cannot_be_read_is_searched_as_one_without_attributes() -> None:
-    """The search passes an object whose `__dict__` raises TypeError and finds the way on."""
-    assert found({"o": rebuilt("box[0]", opaque=DictUnreadable(), box=[with_history()])}) == [
-        "['o'].box[0]"
-    ]
+def test_an_object_without_an_instance_dict_is_never_asked_for_one() -> None:
+    """The search reads the slots of an object that has no instance dict, and never its
+    `__dict__` (here a property that raises)."""
+    slotted = NoDictSlot()
+    slotted.a = [with_history()]
+    assert found({"o": rebuilt("s.a[0]", s=slotted)}) == ["['o'].s.a[0]"]
 
 
 def test_a_dict_key_is_spelled_only_where_its_literal_gives_back_an_equal_key() -> None:
     """Strings, numbers, bools, bytes, None and tuples of them are spelled as literals; a float
     that is not finite, a tuple holding one, a frozenset and a key whose class claims to equal
-    `tuple` are not, and the path stops at the dict, saying under what key."""
+    `tuple` or `float` are not, and the path stops at the dict, saying under what key."""
     def no_literal(kind: str) -> str:
         return f"<under a key of this dict that has no literal spelling ({kind})>"
 
-    weird = claims_to_be(tuple)()
-    keys: List[Any] = ["s", 7, True, b"b", None, 2.5, ("a", 1), ((1, None), b"c"),
-                       float("inf"), float("nan"), ("a", float("-inf")), frozenset({1}), weird]
+    keys: List[Any] = ["s", 7, True, b"b", None, 2.5, ("a", 1), ((1, None), b"c"), float("inf"),
+                       float("nan"), ("a", float("-inf")), frozenset({1}), claims_to_be(tuple)(),
+                       claims_to_be(float)()]
     obj = {key: with_history() for key in keys}
     assert found(obj) == [
         "['s']", "[7]", "[True]", "[b'b']", "[None]", "[2.5]", "[('a', 1)]", "[((1, None), b'c')]",
         no_literal("float"), no_literal("float"), no_literal("tuple"), no_literal("frozenset"),
-        no_literal("ClaimsTuple"),
+        no_literal("ClaimsTuple"), no_literal("ClaimsFloat"),
     ]
+
+
+def test_the_package_source_compiles_without_a_warning() -> None:
+    """`python -W error` imports the package from source: no module's code draws a compile-time
+    warning (a SyntaxWarning, such as `is` with a literal, is an error there)."""
+    for source in sorted(pathlib.Path(deepcopy_shim.__file__).parent.glob("*.py")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compile(source.read_text(encoding="utf-8"), str(source), "exec")
