@@ -274,6 +274,11 @@ class WithEmptySlot:
         self.c = c
 
 
+# A class whose name is all underscores: Python does not mangle its private names, so its slot
+# `__x` is `__x` (copyreg._slotnames, which the copy reads the slots by, knows that).
+Underscores: Any = type("_", (), {"__slots__": ("__x", "y")})
+
+
 class WithDictSlot:
     __slots__ = ("__dict__", "b")
 
@@ -302,6 +307,24 @@ def test_attributes_of_ordered_dicts_and_partials_named_tuple_fields_and_slots_a
     ]
 
 
+def test_a_slot_that_cannot_be_named_does_not_hide_the_slots_after_it() -> None:
+    """The slots after a private one of a class named `_` are steps."""
+    obj = Underscores()
+    obj.y = with_history()
+    assert found({"o": obj}) == ["['o'].y"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "_members mangles a private slot as `_<class name without leading underscores><slot>`, "
+    "also for a class whose name is all underscores, which Python does not mangle: the slot "
+    "`__x` of a class `_` is looked up as `___x`, found nowhere, and its tensor's path stops "
+    "at the object"))
+def test_a_private_slot_of_a_class_named_with_underscores_only_is_a_step() -> None:
+    obj = Underscores()
+    setattr(obj, "__x", with_history())
+    assert found({"o": obj}) == ["['o'].__x"]
+
+
 def test_attribute_names_that_are_not_identifiers_are_spelled_as_dict_keys() -> None:
     """An instance attribute, or a submodule, whose name is not an identifier (`x y`) or is a
     keyword (`class`) is spelled through `__dict__` or `_modules`."""
@@ -318,8 +341,8 @@ def test_attribute_names_that_are_not_identifiers_are_spelled_as_dict_keys() -> 
 
 def test_container_modules_spell_only_their_own_members_by_index_or_key() -> None:
     """A Sequential's buffer and parameter, a ModuleList's buffer and parameter named like an
-    index, a ModuleList's submodule not named like one, and a ModuleDict's parameter are
-    attributes (or `_buffers[...]`, `_parameters[...]`), not the container's items."""
+    index, a ModuleList's submodule not named like one, and a ModuleDict's parameter and buffer
+    are attributes (or `_buffers[...]`, `_parameters[...]`), not the container's items."""
     seq = nn.Sequential(nn.Linear(1, 1))
     seq.register_buffer("running", with_history())
     seq._parameters["w"] = with_history()  # as reparametrizations put one there
@@ -332,7 +355,8 @@ def test_container_modules_spell_only_their_own_members_by_index_or_key() -> Non
     assert found(listed) == ["_parameters['7']", "_buffers['5']", "head.out"]
     keyed = nn.ModuleDict({"lin": nn.Linear(1, 1)})
     keyed._parameters["w"] = with_history()  # as reparametrizations put one there
-    assert found(keyed) == ["w"]
+    keyed.register_buffer("b", with_history())
+    assert found(keyed) == ["w", "b"]
 
 
 # --- finding a path only reads --------------------------------------------------------------
