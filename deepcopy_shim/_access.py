@@ -296,7 +296,9 @@ def _members(obj: Any, with_attributes: bool = True) -> Iterator[Tuple[Any, _Raw
             if slot in ("__dict__", "__weakref__"):
                 continue
             if slot.startswith("__") and not slot.endswith("__"):  # private: name-mangled
-                slot = f"_{klass.__name__.lstrip('_')}{slot}"
+                # as Python mangles it: not at all in a class whose name is only underscores
+                stripped = klass.__name__.lstrip("_")
+                slot = f"_{stripped}{slot}" if stripped else slot
             descriptor = klass.__dict__.get(slot)
             if descriptor is None:
                 continue

@@ -317,12 +317,9 @@ def test_a_slot_that_cannot_be_named_does_not_hide_the_slots_after_it() -> None:
     assert found({"o": obj}) == ["['o'].y"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "_members mangles a private slot as `_<class name without leading underscores><slot>`, "
-    "also for a class whose name is all underscores, which Python does not mangle: the slot "
-    "`__x` of a class `_` is looked up as `___x`, found nowhere, and its tensor's path stops "
-    "at the object"))
 def test_a_private_slot_of_a_class_named_with_underscores_only_is_a_step() -> None:
+    """Python does not mangle private names in a class whose name is only underscores: the
+    slot `__x` of a class `_` is named `__x`."""
     obj = Underscores()
     setattr(obj, "__x", with_history())
     assert found({"o": obj}) == ["['o'].__x"]
