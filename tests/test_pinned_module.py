@@ -10,11 +10,17 @@ can hold.  The survivors that no input can tell apart from the code as written a
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict
+import copyreg
+import warnings
+from typing import Any, Dict, List
 
 import pytest
+import torch
 import torch.nn as nn
 from support.graphdiff import GraphDiff, native_and_shim
+from support.models import with_history
+
+import deepcopy_shim
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
 
@@ -106,3 +112,186 @@ def test_a_parameter_subclass_equal_to_parameter_keeps_its_own_deepcopy() -> Non
     model.weight = LooseParameter(model.weight.detach().clone())
     copied = same_as_native(model)
     assert type(copied.weight) is LooseParameter and copied.weight.own_deepcopy
+
+
+# --- what the state's containers are copied with ------------------------------------------
+
+
+def test_containers_of_a_modules_state_met_before_the_module_are_the_copies_made_then() -> None:
+    """A module's _parameters, _buffers, _modules, hook dict and buffer-name set copied before
+    the module (earlier in the same copy) are found in the memo: the copied module holds the
+    very copies made then, as natively."""
+    model = nn.Sequential(nn.BatchNorm1d(2))
+    inner = model[0]
+    inner.register_forward_hook(_hook)
+    inner.register_buffer("scratch", torch.zeros(1), persistent=False)
+    first = [inner._parameters, inner._buffers, inner._modules, model._modules,
+             inner._forward_hooks, inner._forward_pre_hooks, inner._non_persistent_buffers_set]
+    copied = same_as_native([first, model])
+    made = copied[1][0]
+    assert copied[0] == [made._parameters, made._buffers, made._modules, copied[1]._modules,
+                         made._forward_hooks, made._forward_pre_hooks,
+                         made._non_persistent_buffers_set]
+    assert all(a is b for a, b in zip(copied[0], [made._parameters, made._buffers, made._modules,
+                                                  copied[1]._modules, made._forward_hooks,
+                                                  made._forward_pre_hooks,
+                                                  made._non_persistent_buffers_set]))
+
+
+class SuppliesTagged(dict):  # type: ignore[type-arg]
+    """A memo that answers a detached alias for every tensor tagged ``supplied`` (as pyro's
+    memo does for all of them), so the copy never meets those."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        result = super().get(key, default)
+        if result is default:
+            import ctypes
+
+            old = ctypes.cast(key, ctypes.py_object).value
+            if isinstance(old, torch.Tensor) and getattr(old, "supplied", False):
+                self[key] = result = old.detach()
+        return result
+
+
+def supplied() -> torch.Tensor:
+    tensor = with_history()
+    tensor.supplied = True  # type: ignore[attr-defined]
+    return tensor
+
+
+def test_a_memo_subclass_is_asked_for_buffers_and_dicts_in_the_survey_of_a_refusal() -> None:
+    """A strict refusal names what the copy met: its survey asks the copy's memo (of the
+    copy's memo class) for a module's buffers and the items of its dicts as deepcopy asks it,
+    so the tensors the memo supplies are not named."""
+    model = nn.Linear(2, 2)
+    model.register_buffer("computed", supplied())
+    model.cache = {"hidden": supplied()}
+    model.out = with_history()
+    with deepcopy_shim.enabled("strict"), pytest.raises(deepcopy_shim.NonLeafTensorError) as info:
+        copy.deepcopy(model, SuppliesTagged())
+    assert info.value.paths == ("out",) and info.value.tensors == (model.out,)
+
+
+class NotesItsProtocol(nn.Linear):
+    """Reduces itself as object does, noting the pickle protocol it was asked for."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        rv = super().__reduce_ex__(protocol)
+        state = dict(rv[2])
+        state["protocol"] = protocol
+        return (rv[0], rv[1], state, None, None)
+
+
+def test_a_module_is_reduced_with_protocol_4_as_deepcopy_reduces_it() -> None:
+    copied = same_as_native(NotesItsProtocol(2, 2))
+    assert copied.protocol == 4
+
+
+class _StateHidingMeta(type):
+    """A metaclass whose classes have no `__getstate__` as class attributes (the property
+    raises AttributeError); their instances still find nn.Module's, which is all deepcopy asks."""
+
+    @property
+    def __getstate__(cls) -> Any:
+        raise AttributeError("__getstate__")
+
+
+class HidesItsGetstate(nn.Linear, metaclass=_StateHidingMeta):
+    pass
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="_is_plain_reduction reads cls.__getstate__ without a default on a "
+                          "Python or torch where nn.Module or object has one; the class's "
+                          "AttributeError escapes the copy, which native deepcopy never reads")
+def test_a_class_whose_getstate_is_hidden_from_class_lookup_copies_as_natively() -> None:
+    copied = same_as_native(HidesItsGetstate(2, 2))
+    assert type(copied) is HidesItsGetstate
+
+
+# --- Parameter.__deepcopy__ as torch has it now ---------------------------------------------
+
+
+def test_a_parameter_deepcopy_that_is_no_plain_function_is_called_as_deepcopy_calls_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Parameter.__deepcopy__ that is not a function (a callable object: deepcopy calls it
+    with the memo alone) is left to deepcopy."""
+    seen: List[int] = []
+
+    class Copier:
+        def __call__(self, memo: Dict[int, Any]) -> Any:
+            seen.append(len(memo))
+            return None  # what deepcopy then puts in the parameter's place
+
+    monkeypatch.setattr(nn.Parameter, "__deepcopy__", Copier())
+    model = nn.Linear(2, 2)
+    copied = same_as_native(model)
+    assert copied.weight is None and copied.bias is None and len(seen) == 4
+
+
+def test_a_deepcopy_dispatch_entry_for_parameter_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copier registered for nn.Parameter in copy's dispatch table replaces Parameter's own
+    __deepcopy__, for the shim as natively."""
+    seen: List[int] = []
+
+    def copy_parameter(value: nn.Parameter, memo: Dict[int, Any]) -> Any:
+        seen.append(id(value))
+        made = nn.Parameter(value.data.clone(), value.requires_grad)
+        made.via_dispatch = True
+        memo[id(value)] = made
+        return made
+
+    monkeypatch.setitem(copy._deepcopy_dispatch, nn.Parameter, copy_parameter)  # type: ignore[attr-defined]
+    model = nn.Linear(2, 2)
+    copied = same_as_native(model)
+    assert copied.weight.via_dispatch and copied.bias.via_dispatch and len(seen) == 4
+
+
+# --- what the module's own lookup and reduction say ---------------------------------------
+
+
+class _EqualToEverything:
+    """A callable that compares equal to every object (as ``unittest.mock.ANY`` does), used as
+    a class's ``__getattr__``: it answers ``__deepcopy__`` with a copier of its own."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+    def __call__(self, *args: Any) -> Any:
+        if args[-1] == "__deepcopy__":
+            return _forwarded_copier
+        raise AttributeError(args[-1])
+
+
+def _forwarded_copier(memo: Dict[int, Any]) -> str:
+    return "forwarded"
+
+
+class AnswersEverything(nn.Module):
+    __getattr__ = _EqualToEverything()
+
+
+def test_a_getattr_equal_to_nn_modules_that_is_not_it_is_still_asked() -> None:
+    """Only nn.Module's own __getattr__ is known to have no __deepcopy__: another, even one
+    that compares equal to it, is asked, and what it answers is used, as natively."""
+    module = AnswersEverything()
+    native, shim = native_and_shim(module)
+    assert native == shim == "forwarded"
+
+
+class LooseLinear(nn.Linear, metaclass=_EqualsEveryClass):
+    """A Linear of a class that compares equal to every class."""
+
+
+def test_a_reduction_naming_another_class_is_rebuilt_as_that_class() -> None:
+    """A module whose reduction (here its own instance's __reduce_ex__) names another class
+    than its own is rebuilt by copy's reconstruction, as that class, even when that class
+    compares equal to the module's."""
+    module = nn.Linear(2, 2)
+    state = dict(vars(module))
+    module.__reduce_ex__ = lambda protocol: (copyreg.__newobj__, (LooseLinear,), state, None, None)  # type: ignore[attr-defined]
+    copied = same_as_native(module)
+    assert type(copied) is LooseLinear
