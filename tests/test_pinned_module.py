@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import copyreg
-import warnings
 from collections import OrderedDict
 from typing import Any, Dict, List
 
