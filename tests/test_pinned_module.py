@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import copyreg
 from collections import OrderedDict
-from typing import Any, Dict, List
+from typing import Any, ClassVar, Dict, List
 
 import pytest
 import torch
@@ -432,3 +432,123 @@ def test_a_hook_dict_a_memos_get_fills_during_the_copy_is_copied_as_it_is_then()
     with deepcopy_shim.enabled("silent"):
         shim = copy.deepcopy(source, RegistersOnAsking(source._backward_hooks, source))
     assert list(shim._forward_hooks.values()) == [_hook]
+
+
+# --- more of the reduction's fields, and keys ------------------------------------------------
+
+
+class MadeWithArguments(nn.Linear):
+    """A module class whose instances are made from __getnewargs__'s arguments: its reduction
+    is `copyreg.__newobj__` with (cls, *arguments), and each instance notes what __new__ got."""
+
+    made: ClassVar[List[Any]] = []
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        MadeWithArguments.made.append(args)
+        return super().__new__(cls)
+
+    def __getnewargs__(self) -> Any:
+        return ("for the copy",)
+
+
+def test_a_module_made_from_getnewargs_is_made_with_them() -> None:
+    """A reduction whose __newobj__ arguments are more than the class is rebuilt by copy's
+    reconstruction, which passes them to __new__, as natively."""
+    MadeWithArguments.made = []
+    module = MadeWithArguments(2, 2)
+    same_as_native(module)
+    assert MadeWithArguments.made == [(2, 2), ("for the copy",), ("for the copy",)]
+
+
+class Name(str):
+    """A str subclass: deepcopy copies one (it is no atom) instead of keeping it."""
+
+
+def test_keys_of_a_modules_dicts_that_are_no_atoms_are_copied() -> None:
+    """The keys of _parameters, _buffers and other dicts of a module's state are deep-copied
+    unless deepcopy keeps them (atoms): a str subclass key is copied, as natively."""
+    model = nn.Linear(2, 2)
+    model._parameters[Name("extra")] = nn.Parameter(torch.ones(1))
+    model._buffers[Name("kept")] = torch.zeros(1)
+    model.table = {Name("row"): 1, "plain": 2}
+    copied = same_as_native(model)
+    for made, source in [(copied._parameters, model._parameters), (copied._buffers, model._buffers),
+                         (copied.table, model.table)]:
+        key = next(k for k in made if type(k) is Name)
+        assert key not in [k for k in source if k is key]
+
+
+def test_a_copyreg_registration_for_ordered_dict_is_honoured_for_a_hook_dict_of_functions() -> None:
+    """A hook dict holding hooks (plain functions) is copied through OrderedDict's copyreg
+    registration when there is one, as natively."""
+    def reduce_ordered_dict(od: Any) -> Any:
+        return (OrderedDict, (), {"via_copyreg": True}, None, iter(od.items()))
+
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(_hook)
+    copyreg.pickle(OrderedDict, reduce_ordered_dict)
+    try:
+        copied = same_as_native(model)
+    finally:
+        del copyreg.dispatch_table[OrderedDict]
+    assert copied._forward_hooks.via_copyreg and list(copied._forward_hooks.values()) == [_hook]
+
+
+def test_a_deepcopy_dispatch_entry_for_ordered_dict_is_honoured_for_a_hook_dict_of_functions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hook dict holding hooks (plain functions) is copied by OrderedDict's entry in copy's
+    dispatch table when there is one, as natively."""
+    def copy_odict(value: Any, memo: Dict[int, Any]) -> Any:
+        made: Any = OrderedDict((k, copy.deepcopy(v, memo)) for k, v in value.items())
+        made.via_dispatch = True
+        memo[id(value)] = made
+        return made
+
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(_hook)
+    monkeypatch.setitem(copy._deepcopy_dispatch, OrderedDict, copy_odict)  # type: ignore[attr-defined]
+    copied = same_as_native(model)
+    assert copied._forward_hooks.via_dispatch and list(copied._forward_hooks.values()) == [_hook]
+
+
+@pytest.mark.xfail(strict=True, reason="_copy_value returns a tuple of atoms itself (and _copy_state "
+                                       "keeps an atom) without asking the memo, which deepcopy "
+                                       "asks first for every object")
+@pytest.mark.parametrize("memo_kind", [dict, Answers])
+def test_a_memo_that_answers_for_a_tuple_of_atoms_gives_the_copy_that_answer(memo_kind: type) -> None:
+    """deepcopy asks the memo first for every object, a tuple of atoms too: what the memo
+    answers for a module's tuple is the copy's, as natively."""
+    model = nn.LayerNorm(3)
+    answers = {id(model.normalized_shape): (4,)}
+    native = copy.deepcopy(model, memo_kind(answers))
+    with deepcopy_shim.enabled("silent"):
+        shim = copy.deepcopy(model, memo_kind(answers))
+    assert native.normalized_shape == (4,)
+    assert shim.normalized_shape == (4,)
+
+
+class RefusesToForward(nn.Module):
+    """A module whose __getattr__ refuses __deepcopy__ (raises AttributeError) and forwards
+    nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = with_history()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__deepcopy__":
+            raise AttributeError(name)
+        return super().__getattr__(name)
+
+
+def test_a_module_whose_getattr_refuses_deepcopy_has_the_shims_copier_under_the_shim() -> None:
+    """Where a class's __getattr__ answers nothing for __deepcopy__ (raises AttributeError),
+    an instance's __deepcopy__ is the shim's copier, as for every module while the shim is
+    installed (ModuleDeepcopy's docstring): calling it copies the module, detached."""
+    module = RefusesToForward()
+    with deepcopy_shim.enabled("silent"):
+        copier = module.__deepcopy__
+        copied = copier({})
+    assert type(copied) is RefusesToForward and copied.out.is_leaf
+    assert torch.equal(copied.out, module.out.detach())
