@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import types
 from collections import OrderedDict
 from typing import Any, ClassVar, Dict, List
 
@@ -96,13 +97,15 @@ def test_a_hook_dict_of_functions_shared_by_two_modules_stays_one_dict() -> None
 
 
 def test_a_set_subclass_equal_to_set_is_copied_by_its_own_reduction() -> None:
-    """Only an exact set takes the set shortcut: a subclass whose class compares equal to set
-    is copied by its reduction, keeping its type and instance state."""
+    """Only an exact set takes the set shortcuts (empty, or of atoms): a subclass whose class
+    compares equal to set is copied by its reduction, keeping its type and instance state."""
     model = nn.Linear(2, 2)
     model.tags = LooseSet({"a", "b"})
     model.tags.note = "kept"  # type: ignore[attr-defined]
+    model.none_yet = LooseSet()
     copied = same_as_native(model)
     assert type(copied.tags) is LooseSet and copied.tags.note == "kept"
+    assert type(copied.none_yet) is LooseSet
 
 
 def test_a_parameter_subclass_equal_to_parameter_keeps_its_own_deepcopy() -> None:
@@ -300,6 +303,15 @@ def test_a_deepcopy_forwarded_by_getattr_is_used_unless_it_is_the_shims(cls: typ
     assert native == shim == "forwarded"
 
 
+def _reduces_to(module: nn.Module, rv: Any) -> nn.Module:
+    """``module``, reduced (by deepcopy, natively as with the shim) to ``rv``."""
+    module.__reduce_ex__ = lambda protocol: rv  # type: ignore[attr-defined]
+    return module
+
+
+_NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]
+
+
 class LooseLinear(nn.Linear, metaclass=_EqualsEveryClass):
     """A Linear of a class that compares equal to every class."""
 
@@ -310,8 +322,7 @@ def test_a_reduction_naming_another_class_is_rebuilt_as_that_class() -> None:
     compares equal to the module's."""
     module = nn.Linear(2, 2)
     state = dict(vars(module))
-    module.__reduce_ex__ = lambda protocol: (copyreg.__newobj__, (LooseLinear,), state, None, None)  # type: ignore[attr-defined]
-    copied = same_as_native(module)
+    copied = same_as_native(_reduces_to(module, (_NEWOBJ, (LooseLinear,), state, None, None)))
     assert type(copied) is LooseLinear
 
 
@@ -366,39 +377,53 @@ class Answers(dict):  # type: ignore[type-arg]
         return super().get(key, default)
 
 
-def _answered_containers(model: nn.Module) -> Dict[str, Any]:
-    """The containers of ``model``'s state the tests below have a memo answer for: each shortcut
-    of the state's copy (empty hook dict, empty set, empty dict, set of atoms, hook dict of
-    functions), by attribute name."""
-    model.register_forward_hook(_hook)
-    model.names = {"a", "b"}
-    return {name: getattr(model, name) for name in
-            ("_forward_pre_hooks", "_non_persistent_buffers_set", "_buffers", "names",
-             "_forward_hooks")}
+class LooseAnswers(Answers, metaclass=_EqualsEveryClass):
+    """Answers, of a class that compares equal to dict (identity tells them apart)."""
+
+
+def _answered(model: nn.Sequential) -> Dict[str, Any]:
+    """What of ``model`` (two Linears) the tests below have a memo answer for, by a name: each
+    shortcut of a state's copy (empty hook dict, empty set, empty dict, set of atoms, hook dict
+    of functions, dict of items, the parameters' dict) in the first layer's state, and a
+    parameter in the second's."""
+    first, second = model[0], model[1]
+    first.register_forward_hook(_hook)
+    first.names = {"a", "b"}
+    first.table = {"row": 1}
+    found = {name: getattr(first, name) for name in
+             ("_forward_pre_hooks", "_non_persistent_buffers_set", "_buffers", "names",
+              "_forward_hooks", "table", "_parameters")}
+    found["weight"] = second.weight
+    return found
+
+
+def _answer_of(model: nn.Sequential, name: str) -> Any:
+    return model[1].weight if name == "weight" else getattr(model[0], name)
 
 
 @pytest.mark.parametrize("answer", ["an ordered dict", "an empty list"])
-@pytest.mark.parametrize("memo_kind", [dict, Answers])
+@pytest.mark.parametrize("memo_kind", [dict, Answers, LooseAnswers])
 def test_a_memo_that_already_answers_for_a_container_gives_the_copy_that_answer(
     memo_kind: type, answer: str,
 ) -> None:
-    """What the memo answers for a container of the state (by ``get``, or an entry of a plain
-    dict) is its copy, whatever it is (an empty list too, which equals no sentinel), as
-    natively."""
-    model = nn.Linear(2, 2)
-    containers = _answered_containers(model)
+    """What the memo answers for a container of the state or a parameter (by ``get``, or an
+    entry of a plain dict) is its copy, whatever it is (an empty list too, which equals no
+    sentinel), as natively; a memo subclass is asked by its get, even one of a class that
+    compares equal to dict."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    answered = _answered(model)
 
     def memo() -> Any:
         answers = {id(value): ([] if answer == "an empty list" else OrderedDict(name=name))
-                   for name, value in containers.items()}
-        return dict(answers) if memo_kind is dict else Answers(answers)
+                   for name, value in answered.items()}
+        return dict(answers) if memo_kind is dict else memo_kind(answers)
 
     native = copy.deepcopy(model, memo())
     with deepcopy_shim.enabled("silent"):
         shim = copy.deepcopy(model, memo())
     GraphDiff(model, native, shim).check()
-    for name in containers:
-        assert getattr(shim, name) == ([] if answer == "an empty list" else {"name": name})
+    for name in answered:
+        assert _answer_of(shim, name) == ([] if answer == "an empty list" else {"name": name})
 
 
 class RegistersOnAsking(dict):  # type: ignore[type-arg]
@@ -552,3 +577,123 @@ def test_a_module_whose_getattr_refuses_deepcopy_has_the_shims_copier_under_the_
         copied = copier({})
     assert type(copied) is RefusesToForward and copied.out.is_leaf
     assert torch.equal(copied.out, module.out.detach())
+
+
+# --- more reductions a module's own instance gives (an instance attribute __reduce_ex__) ---
+
+
+class LooseReduction(tuple, metaclass=_EqualsEveryClass):  # type: ignore[type-arg]
+    """A reduction tuple of a class that compares equal to tuple, whose item 2 read by index
+    is another state than the one its iteration (what copy._reconstruct unpacks) gives."""
+
+    def __getitem__(self, index: Any) -> Any:
+        if index == 2:
+            return {"training": True, "read_by_index": True}
+        return super().__getitem__(index)
+
+
+class LooseState(dict, metaclass=_EqualsEveryClass):  # type: ignore[type-arg]
+    """A state dict of a class that compares equal to dict, with a __deepcopy__ of its own that
+    leaves out the key "cache"."""
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        return {key: copy.deepcopy(value, memo) for key, value in self.items() if key != "cache"}
+
+
+def test_a_reduction_of_a_tuple_subclass_is_rebuilt_from_what_it_unpacks_to() -> None:
+    """Only an exact tuple is a plain reduction: another (even of a class equal to tuple) is
+    rebuilt by copy's reconstruction, from what it unpacks to, as natively."""
+    module = nn.Linear(2, 2)
+    state = dict(vars(module))
+    copied = same_as_native(_reduces_to(module, LooseReduction((_NEWOBJ, (nn.Linear,), state, None, None))))
+    assert not hasattr(copied, "read_by_index") and copied.in_features == 2
+
+
+def test_a_reductions_state_of_a_dict_subclass_is_copied_by_its_own_deepcopy() -> None:
+    """Only an exact dict is a plain reduction's state: another (even of a class equal to
+    dict) is copied by deepcopy, with its own __deepcopy__, as natively."""
+    module = nn.Linear(2, 2)
+    module.cache = [1]
+    state = LooseState(vars(module))
+    copied = same_as_native(_reduces_to(module, (_NEWOBJ, (nn.Linear,), state, None, None)))
+    assert not hasattr(copied, "cache")
+
+
+def test_a_reductions_dict_items_are_set_on_the_copy() -> None:
+    """A reduction with dict items (its fifth field) is rebuilt by copy's reconstruction,
+    which sets each item on the copy (here a ModuleDict), as natively."""
+    items = [("extra", nn.Linear(2, 2))]
+
+    def source() -> nn.Module:  # a fresh one for each copy: the items' iterator is used up
+        module = nn.ModuleDict()
+        return _reduces_to(module, (_NEWOBJ, (nn.ModuleDict,), dict(vars(module)), None, iter(items)))
+
+    native = copy.deepcopy(source())
+    with deepcopy_shim.enabled("silent"):
+        shim = copy.deepcopy(source())
+    assert list(native.keys()) == list(shim.keys()) == ["extra"]
+    assert type(shim["extra"]) is nn.Linear and shim["extra"] is not items[0][1]
+
+
+class _LooseGetstate:
+    """A class's ``__getstate__`` that compares equal to nn.Module's (and to everything) but is
+    not it: it gives the state dict it holds."""
+
+    def __init__(self) -> None:
+        self.state: Dict[str, Any] = {}
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+    def __call__(self) -> Any:
+        return self.state
+
+
+class GetsItsStateLoosely(nn.Linear):
+    __getstate__ = _LooseGetstate()
+
+
+def test_a_class_with_its_own_getstate_is_rebuilt_by_copys_reconstruction() -> None:
+    """A class whose __getstate__ is its own (even one comparing equal to nn.Module's) is
+    rebuilt by copy's reconstruction, which asks the memo for the state dict: a state the memo
+    already answers is the state the copy gets, as natively."""
+    module = GetsItsStateLoosely(2, 2)
+    state = GetsItsStateLoosely.__getstate__.state = dict(vars(module))  # type: ignore[attr-defined]
+    answered = dict(state, note="answered by the memo")
+    native = copy.deepcopy(module, {id(state): answered})
+    with deepcopy_shim.enabled("silent"):
+        shim = copy.deepcopy(module, {id(state): answered})
+    GraphDiff(module, native, shim).check()
+    assert shim.note == "answered by the memo"
+
+
+class _LooseFunctionCopier:
+    """A copier for functions in copy's dispatch table that compares equal to every object
+    (deepcopy's own atomic copier too), noting each function it copies."""
+
+    def __init__(self) -> None:
+        self.seen: List[Any] = []
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+    def __call__(self, value: Any, memo: Dict[int, Any]) -> Any:
+        self.seen.append(value)
+        return value
+
+
+def test_a_dispatch_entry_equal_to_deepcopys_atomic_copier_is_still_called(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hook dict's hooks are copied by the entry copy's dispatch table has for their type,
+    unless it is deepcopy's own atomic copier: one that only compares equal to it is called."""
+    copier = _LooseFunctionCopier()
+    monkeypatch.setitem(copy._deepcopy_dispatch, types.FunctionType, copier)  # type: ignore[attr-defined]
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(_hook)
+    same_as_native(model)
+    assert copier.seen == [_hook, _hook]
