@@ -215,14 +215,16 @@ def test_a_class_whose_getstate_is_hidden_from_class_lookup_copies_as_natively()
 # --- Parameter.__deepcopy__ as torch has it now ---------------------------------------------
 
 
+@pytest.mark.parametrize("metaclass", [type, _EqualsEveryClass])
 def test_a_parameter_deepcopy_that_is_no_plain_function_is_called_as_deepcopy_calls_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, metaclass: type,
 ) -> None:
     """A Parameter.__deepcopy__ that is not a function (a callable object: deepcopy calls it
-    with the memo alone) is left to deepcopy."""
+    with the memo alone), even one of a class that compares equal to the function class, is
+    left to deepcopy."""
     seen: List[int] = []
 
-    class Copier:
+    class Copier(metaclass=metaclass):
         def __call__(self, memo: Dict[int, Any]) -> Any:
             seen.append(len(memo))
             return None  # what deepcopy then puts in the parameter's place
@@ -619,20 +621,26 @@ def test_a_reductions_state_of_a_dict_subclass_is_copied_by_its_own_deepcopy() -
     assert not hasattr(copied, "cache")
 
 
-def test_a_reductions_dict_items_are_set_on_the_copy() -> None:
-    """A reduction with dict items (its fifth field) is rebuilt by copy's reconstruction,
-    which sets each item on the copy (here a ModuleDict), as natively."""
-    items = [("extra", nn.Linear(2, 2))]
+@pytest.mark.parametrize("container", [nn.ModuleList, nn.ModuleDict])
+def test_a_reductions_list_or_dict_items_are_set_on_the_copy(container: type) -> None:
+    """A reduction with list items (its fourth field) or dict items (its fifth) is rebuilt by
+    copy's reconstruction, which appends or sets each item on the copy (here a ModuleList or
+    ModuleDict), as natively."""
+    layer = nn.Linear(2, 2)
 
     def source() -> nn.Module:  # a fresh one for each copy: the items' iterator is used up
-        module = nn.ModuleDict()
-        return _reduces_to(module, (_NEWOBJ, (nn.ModuleDict,), dict(vars(module)), None, iter(items)))
+        module = container()
+        state = dict(vars(module))
+        if container is nn.ModuleList:
+            return _reduces_to(module, (_NEWOBJ, (container,), state, iter([layer]), None))
+        return _reduces_to(module, (_NEWOBJ, (container,), state, None, iter([("extra", layer)])))
 
     native = copy.deepcopy(source())
     with deepcopy_shim.enabled("silent"):
         shim = copy.deepcopy(source())
-    assert list(native.keys()) == list(shim.keys()) == ["extra"]
-    assert type(shim["extra"]) is nn.Linear and shim["extra"] is not items[0][1]
+    assert len(native) == len(shim) == 1
+    made = next(iter(shim.values() if container is nn.ModuleDict else shim))
+    assert type(made) is nn.Linear and made is not layer
 
 
 class _LooseGetstate:
@@ -697,3 +705,128 @@ def test_a_dispatch_entry_equal_to_deepcopys_atomic_copier_is_still_called(
     model.register_forward_hook(_hook)
     same_as_native(model)
     assert copier.seen == [_hook, _hook]
+
+
+class _LooseReduceEx:
+    """A class's ``__reduce_ex__`` that compares equal to object's (and to everything) but is
+    not it: it reduces its class's one instance as object does, to the state dict it holds."""
+
+    def __init__(self) -> None:
+        self.state: Dict[str, Any] = {}
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+    def __call__(self, protocol: int) -> Any:
+        return (_NEWOBJ, (ReducesExLoosely,), self.state, None, None)
+
+
+class ReducesExLoosely(nn.Linear):
+    __reduce_ex__ = _LooseReduceEx()
+
+
+def test_a_class_with_its_own_reduce_ex_is_rebuilt_by_copys_reconstruction() -> None:
+    """A class whose __reduce_ex__ is its own (even one comparing equal to object's) is
+    rebuilt by copy's reconstruction, which asks the memo for the state dict: a state the memo
+    already answers is the state the copy gets, as natively."""
+    module = ReducesExLoosely(2, 2)
+    state = ReducesExLoosely.__reduce_ex__.state = dict(vars(module))  # type: ignore[attr-defined]
+    answered = dict(state, note="answered by the memo")
+    native = copy.deepcopy(module, {id(state): answered})
+    with deepcopy_shim.enabled("silent"):
+        shim = copy.deepcopy(module, {id(state): answered})
+    GraphDiff(module, native, shim).check()
+    assert shim.note == "answered by the memo"
+
+
+class _LooseConstructor:
+    """A reduction's callable that compares equal to every object (copyreg.__newobj__ too) but
+    is not it: it makes the instance as __newobj__ does, and marks it."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+    def __call__(self, cls: type) -> Any:
+        made = cls.__new__(cls)  # type: ignore[call-overload]
+        object.__setattr__(made, "made_by", "the reduction's callable")
+        return made
+
+
+def test_a_reduction_is_rebuilt_with_its_own_callable() -> None:
+    """Only copyreg.__newobj__ is known to make the instance as cls.__new__(cls) does: another
+    reduction's callable (even one equal to it) is called, as natively."""
+    module = nn.Linear(2, 2)
+    state = dict(vars(module))
+    copied = same_as_native(_reduces_to(module, (_LooseConstructor(), (nn.Linear,), state, None, None)))
+    assert copied.made_by == "the reduction's callable"
+
+
+def test_a_reduction_of_six_items_fails_as_natively() -> None:
+    """A reduction with a sixth item (pickle's state setter) is one copy._reconstruct does not
+    take: the shim's copy fails with native deepcopy's error."""
+    def source() -> nn.Module:
+        module = nn.Linear(2, 2)
+        return _reduces_to(module, (_NEWOBJ, (nn.Linear,), dict(vars(module)), None, None, None))
+
+    with pytest.raises(TypeError) as native:
+        copy.deepcopy(source())
+    with deepcopy_shim.enabled("silent"), pytest.raises(TypeError) as shim:
+        copy.deepcopy(source())
+    assert str(shim.value) == str(native.value)
+
+
+class _LooseMixin(metaclass=_EqualsEveryClass):
+    """A mixin of a class that compares equal to every class (nn.Module too), with a
+    __deepcopy__ of its own."""
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        return "the mixin's copy"
+
+
+class MixesInLoosely(nn.Linear, _LooseMixin):
+    """Its class (of the mixin's metaclass) compares equal to nn.Module too."""
+
+
+@pytest.mark.xfail(strict=True, raises=RecursionError,
+                   reason="_deepcopy_after_module finds nn.Module in the MRO with mro.index, which "
+                          "compares with ==: a class before it that compares equal to nn.Module "
+                          "makes the walk start at nn.Module itself, whose __deepcopy__ is the "
+                          "shim's descriptor, which calls the walk again")
+def test_a_mixin_after_nn_module_of_a_class_equal_to_every_class_keeps_its_deepcopy() -> None:
+    """A __deepcopy__ of a mixin after nn.Module in the MRO is the one deepcopy uses, whatever
+    the classes compare equal to, as natively."""
+    native, shim = native_and_shim(MixesInLoosely(2, 2))
+    assert native == shim == "the mixin's copy"
+
+
+class _EqualToModuleWhenSaidSo(type):
+    """A metaclass under which a class that says so (``equal_to_module``) compares equal to
+    nn.Module (a class registry keyed loosely)."""
+
+    def __eq__(cls, other: object) -> bool:
+        return cls is other or (other is nn.Module and cls.__dict__.get("equal_to_module", False))
+
+    __hash__ = type.__hash__
+
+
+class _ModuleLikeMixin(metaclass=_EqualToModuleWhenSaidSo):
+    equal_to_module = True
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        return "the mixin's copy"
+
+
+class MixesInAModuleLikeMixin(nn.Linear, _ModuleLikeMixin):
+    pass
+
+
+def test_a_mixin_after_nn_module_equal_to_it_keeps_its_deepcopy() -> None:
+    """A __deepcopy__ of a mixin after nn.Module in the MRO (the last class before object) is
+    the one deepcopy uses, even when the mixin's class compares equal to nn.Module, as
+    natively."""
+    native, shim = native_and_shim(MixesInAModuleLikeMixin(2, 2))
+    assert native == shim == "the mixin's copy"
