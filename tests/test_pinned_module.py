@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import gc
 import types
+import warnings
+import weakref
 from collections import OrderedDict
 from typing import Any, ClassVar, Dict, List
 
@@ -830,3 +833,80 @@ def test_a_mixin_after_nn_module_equal_to_it_keeps_its_deepcopy() -> None:
     natively."""
     native, shim = native_and_shim(MixesInAModuleLikeMixin(2, 2))
     assert native == shim == "the mixin's copy"
+
+
+def test_a_reduction_of_three_items_is_rebuilt_as_natively() -> None:
+    """A reduction of three items (no list or dict items) is rebuilt by copy's
+    reconstruction, as natively."""
+    module = nn.Linear(2, 2)
+    copied = same_as_native(_reduces_to(module, (_NEWOBJ, (nn.Linear,), dict(vars(module)))))
+    assert type(copied) is nn.Linear
+
+
+def test_a_reduction_without_arguments_fails_as_natively() -> None:
+    """A __newobj__ reduction without its class among the arguments fails, with native
+    deepcopy's error."""
+    def source() -> nn.Module:
+        module = nn.Linear(2, 2)
+        return _reduces_to(module, (_NEWOBJ, (), dict(vars(module)), None, None))
+
+    with pytest.raises(TypeError) as native:
+        copy.deepcopy(source())
+    with deepcopy_shim.enabled("silent"), pytest.raises(TypeError) as shim:
+        copy.deepcopy(source())
+    assert str(shim.value) == str(native.value)
+
+
+class OddArguments(tuple):  # type: ignore[type-arg]
+    """Reduction arguments whose last item read by index (-1) is nn.Linear, whatever they
+    hold: iteration (what the reduction's callable is called with) gives what they hold."""
+
+    def __getitem__(self, index: Any) -> Any:
+        return nn.Linear if index == -1 else super().__getitem__(index)
+
+
+def test_a_reduction_is_rebuilt_from_the_class_its_arguments_hold() -> None:
+    """A reduction whose first argument is not the module's class is rebuilt by copy's
+    reconstruction, as the class its arguments hold, as natively."""
+    module = nn.Linear(2, 2)
+    copied = same_as_native(_reduces_to(
+        module, (_NEWOBJ, OddArguments((nn.Identity,)), dict(vars(module)), None, None)))
+    assert type(copied) is nn.Identity
+
+
+class FailsToCopy:
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        raise ValueError("cannot be copied")
+
+
+def _fail_to_copy(module: nn.Module) -> None:
+    try:
+        copy.deepcopy(module)
+    except ValueError as exc:
+        assert str(exc) == "cannot be copied"
+    else:  # pragma: no cover - the copy always fails
+        raise AssertionError("the copy did not fail")
+
+
+@pytest.mark.parametrize("mode", ["warn", "silent"])
+def test_a_module_copy_that_fails_keeps_nothing_alive(mode: str) -> None:
+    """A copy whose root module fails after meeting a tensor with history (in a global mode,
+    whose scope does not end with the copy) keeps nothing of it alive once the error is gone,
+    as natively; the copy after it reports its own tensors only."""
+    deepcopy_shim.enable(mode)
+    failing = nn.Linear(2, 2)
+    failing.out = with_history()
+    failing.blocker = FailsToCopy()
+    _fail_to_copy(failing)
+    gone = weakref.ref(failing)
+    del failing
+    gc.collect()
+    assert gone() is None
+    later = nn.Linear(2, 2)
+    later.cached = with_history()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        copy.deepcopy(later)
+    paths = [w.message.paths for w in caught
+             if isinstance(w.message, deepcopy_shim.DetachedTensorsWarning)]
+    assert paths == ([("cached",)] if mode == "warn" else [])
