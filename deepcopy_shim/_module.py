@@ -95,7 +95,9 @@ def _deepcopy_after_module(cls: type) -> Optional[Tuple[Any]]:
     mro = cls.__mro__
     if mro[-2] is torch.nn.Module:
         return None  # only `object` follows nn.Module, and it has no __deepcopy__
-    for klass in mro[mro.index(torch.nn.Module) + 1:]:
+    # By identity: `mro.index` compares with ==, which a metaclass may answer for any class.
+    after = next(i for i, klass in enumerate(mro) if klass is torch.nn.Module) + 1
+    for klass in mro[after:]:
         if "__deepcopy__" in klass.__dict__:
             return (klass.__dict__["__deepcopy__"],)
     return None
@@ -156,8 +158,7 @@ def _is_plain_reduction(rv: Any, cls: Any) -> bool:
         and rv[1][0] is cls
         # The class (or a mixin) may compute its state or restore it differently: then only
         # the generic reconstruction is known to do what native deepcopy does.
-        and (cls.__getstate__ if _MODULE_GETSTATE is not None
-             else getattr(cls, "__getstate__", None)) is _MODULE_GETSTATE
+        and getattr(cls, "__getstate__", None) is _MODULE_GETSTATE
         and cls.__setstate__ is _MODULE_SETSTATE
         and cls.__reduce_ex__ is _OBJECT_REDUCE_EX
         and cls.__reduce__ is _OBJECT_REDUCE

@@ -206,10 +206,6 @@ class HidesItsGetstate(nn.Linear, metaclass=_StateHidingMeta):
     pass
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="_is_plain_reduction reads cls.__getstate__ without a default on a "
-                          "Python or torch where nn.Module or object has one; the class's "
-                          "AttributeError escapes the copy, which native deepcopy never reads")
 def test_a_class_whose_getstate_is_hidden_from_class_lookup_copies_as_natively() -> None:
     copied = same_as_native(HidesItsGetstate(2, 2))
     assert type(copied) is HidesItsGetstate
@@ -794,11 +790,6 @@ class MixesInLoosely(nn.Linear, _LooseMixin):
     """Its class (of the mixin's metaclass) compares equal to nn.Module too."""
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="_deepcopy_after_module finds nn.Module in the MRO with mro.index, which "
-                          "compares with ==: a class before it that compares equal to nn.Module "
-                          "makes the walk start at nn.Module itself, whose __deepcopy__ is the "
-                          "shim's descriptor, which calls the walk again")
 def test_a_mixin_after_nn_module_of_a_class_equal_to_every_class_keeps_its_deepcopy() -> None:
     """A __deepcopy__ of a mixin after nn.Module in the MRO is the one deepcopy uses, whatever
     the classes compare equal to, as natively."""
