@@ -603,3 +603,48 @@ def test_a_tensor_without_a_meta_layout_is_stood_in_for_by_an_empty_meta_tensor_
     obj = [with_history(), quantized, with_history()]
     err = refused(obj)
     assert err.paths == ("[0]", "[2]") and complete(err)
+
+
+# --- the survey's memo: asked as deepcopy asks it, and harmless once the survey is over -------
+
+
+class NeverCompared:
+    """An object whose `==` and `!=` raise (as a numpy array's or a pandas frame's truth does):
+    deepcopy never compares what its memo holds, so neither may the survey."""
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("NeverCompared is never compared")
+
+    __ne__ = __eq__  # type: ignore[assignment]
+    __hash__ = object.__hash__
+
+
+def test_the_survey_never_compares_what_its_memo_holds() -> None:
+    shared = NeverCompared()
+    error = refused([with_history(), shared, shared])  # the second `shared` is a memo hit
+    assert error.paths == ("[0]",) and complete(error)
+
+
+class KeepsItsMemo:
+    """Keeps the memo it is copied with (here, during the survey: the survey's memo)."""
+
+    kept: ClassVar[List[Any]] = []
+
+    def __deepcopy__(self, memo: Dict[Any, Any]) -> Any:
+        KeepsItsMemo.kept.append(memo)
+        return KeepsItsMemo()
+
+
+def test_a_survey_memo_kept_past_the_survey_is_a_plain_memo() -> None:
+    """A memo a `__deepcopy__` keeps from a survey and uses later, outside every scope or in a
+    scope of its own, answers what it holds and copies anything else as natively."""
+    KeepsItsMemo.kept.clear()
+    error = refused([with_history(), KeepsItsMemo()])
+    assert error.paths == ("[0]",)  # read: the survey ran
+    (memo,) = KeepsItsMemo.kept[-1:]
+    leaf = torch.ones(2, requires_grad=True)
+    made = copy.deepcopy(leaf, memo)  # no scope
+    assert made is not leaf and made.is_leaf and torch.equal(made, leaf)
+    with deepcopy_shim.enabled("silent"):
+        again = copy.deepcopy(torch.ones(3), memo)
+    assert again.shape == (3,)
