@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.nn as nn
 from support.graphdiff import GraphDiff, native_and_shim
+from support.loose import EqualsEveryClass, EqualsEverything, SuppliesTagged
 from support.models import with_history
 
 import deepcopy_shim
@@ -36,17 +37,7 @@ def same_as_native(source: Any, mode: str = "silent") -> Any:
     return shim
 
 
-class _EqualsEveryClass(type):
-    """A metaclass under which a class compares equal to every class (a matcher, a class
-    registry keyed loosely): identity is all that tells two classes apart."""
-
-    def __eq__(cls, other: object) -> bool:
-        return isinstance(other, type)
-
-    __hash__ = type.__hash__
-
-
-class LooseSet(set, metaclass=_EqualsEveryClass):  # type: ignore[type-arg]
+class LooseSet(set, metaclass=EqualsEveryClass):  # type: ignore[type-arg]
     """A set subclass of a class that compares equal to set, dict, OrderedDict, tuple..."""
 
 
@@ -144,21 +135,6 @@ def test_containers_of_a_modules_state_met_before_the_module_are_the_copies_made
                                                   made._non_persistent_buffers_set]))
 
 
-class SuppliesTagged(dict):  # type: ignore[type-arg]
-    """A memo that answers a detached alias for every tensor tagged ``supplied`` (as pyro's
-    memo does for all of them), so the copy never meets those."""
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        result = super().get(key, default)
-        if result is default:
-            import ctypes
-
-            old = ctypes.cast(key, ctypes.py_object).value
-            if isinstance(old, torch.Tensor) and getattr(old, "supplied", False):
-                self[key] = result = old.detach()
-        return result
-
-
 def supplied() -> torch.Tensor:
     tensor = with_history()
     tensor.supplied = True  # type: ignore[attr-defined]
@@ -214,7 +190,7 @@ def test_a_class_whose_getstate_is_hidden_from_class_lookup_copies_as_natively()
 # --- Parameter.__deepcopy__ as torch has it now ---------------------------------------------
 
 
-@pytest.mark.parametrize("metaclass", [type, _EqualsEveryClass])
+@pytest.mark.parametrize("metaclass", [type, EqualsEveryClass])
 def test_a_parameter_deepcopy_that_is_no_plain_function_is_called_as_deepcopy_calls_it(
     monkeypatch: pytest.MonkeyPatch, metaclass: type,
 ) -> None:
@@ -255,14 +231,9 @@ def test_a_deepcopy_dispatch_entry_for_parameter_is_honoured(monkeypatch: pytest
 # --- what the module's own lookup and reduction say ---------------------------------------
 
 
-class _EqualToEverything:
+class _EqualToEverything(EqualsEverything):
     """A callable that compares equal to every object (as ``unittest.mock.ANY`` does), used as
     a class's ``__getattr__``: it answers ``__deepcopy__`` with a copier of its own."""
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    __hash__ = object.__hash__
 
     def __call__(self, *args: Any) -> Any:
         if args[-1] == "__deepcopy__":
@@ -313,7 +284,7 @@ def _reduces_to(module: nn.Module, rv: Any) -> nn.Module:
 _NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]
 
 
-class LooseLinear(nn.Linear, metaclass=_EqualsEveryClass):
+class LooseLinear(nn.Linear, metaclass=EqualsEveryClass):
     """A Linear of a class that compares equal to every class."""
 
 
@@ -327,17 +298,12 @@ def test_a_reduction_naming_another_class_is_rebuilt_as_that_class() -> None:
     assert type(copied) is LooseLinear
 
 
-class _LooseReducer:
+class _LooseReducer(EqualsEverything):
     """A class's ``__reduce__`` that compares equal to object's (and to everything) but is
     not it: it reduces its class's one instance as object does, to the state dict it holds."""
 
     def __init__(self) -> None:
         self.state: Dict[str, Any] = {}
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    __hash__ = object.__hash__
 
     def __call__(self) -> Any:
         return (copyreg.__newobj__, (ReducesLoosely,), self.state, None, None)  # type: ignore[attr-defined]
@@ -378,7 +344,7 @@ class Answers(dict):  # type: ignore[type-arg]
         return super().get(key, default)
 
 
-class LooseAnswers(Answers, metaclass=_EqualsEveryClass):
+class LooseAnswers(Answers, metaclass=EqualsEveryClass):
     """Answers, of a class that compares equal to dict (identity tells them apart)."""
 
 
@@ -583,7 +549,7 @@ def test_a_module_whose_getattr_refuses_deepcopy_has_the_shims_copier_under_the_
 # --- more reductions a module's own instance gives (an instance attribute __reduce_ex__) ---
 
 
-class LooseReduction(tuple, metaclass=_EqualsEveryClass):  # type: ignore[type-arg]
+class LooseReduction(tuple, metaclass=EqualsEveryClass):  # type: ignore[type-arg]
     """A reduction tuple of a class that compares equal to tuple, whose item 2 read by index
     is another state than the one its iteration (what copy._reconstruct unpacks) gives."""
 
@@ -593,7 +559,7 @@ class LooseReduction(tuple, metaclass=_EqualsEveryClass):  # type: ignore[type-a
         return super().__getitem__(index)
 
 
-class LooseState(dict, metaclass=_EqualsEveryClass):  # type: ignore[type-arg]
+class LooseState(dict, metaclass=EqualsEveryClass):  # type: ignore[type-arg]
     """A state dict of a class that compares equal to dict, with a __deepcopy__ of its own that
     leaves out the key "cache"."""
 
@@ -642,17 +608,12 @@ def test_a_reductions_list_or_dict_items_are_set_on_the_copy(container: type) ->
     assert type(made) is nn.Linear and made is not layer
 
 
-class _LooseGetstate:
+class _LooseGetstate(EqualsEverything):
     """A class's ``__getstate__`` that compares equal to nn.Module's (and to everything) but is
     not it: it gives the state dict it holds."""
 
     def __init__(self) -> None:
         self.state: Dict[str, Any] = {}
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    __hash__ = object.__hash__
 
     def __call__(self) -> Any:
         return self.state
@@ -662,12 +623,11 @@ class GetsItsStateLoosely(nn.Linear):
     __getstate__ = _LooseGetstate()
 
 
-def test_a_class_with_its_own_getstate_is_rebuilt_by_copys_reconstruction() -> None:
-    """A class whose __getstate__ is its own (even one comparing equal to nn.Module's) is
-    rebuilt by copy's reconstruction, which asks the memo for the state dict: a state the memo
-    already answers is the state the copy gets, as natively."""
-    module = GetsItsStateLoosely(2, 2)
-    state = GetsItsStateLoosely.__getstate__.state = dict(vars(module))  # type: ignore[attr-defined]
+def _gets_the_state_the_memo_answers(module: nn.Module, holder: Any) -> None:
+    """`holder` (the class's own protocol function) gives `module`'s state as a dict it holds;
+    a memo that already answers for that dict gives the copy its answer, natively and with the
+    shim alike (copy's reconstruction asks the memo for the state)."""
+    state = holder.state = dict(vars(module))
     answered = dict(state, note="answered by the memo")
     native = copy.deepcopy(module, {id(state): answered})
     with deepcopy_shim.enabled("silent"):
@@ -676,17 +636,19 @@ def test_a_class_with_its_own_getstate_is_rebuilt_by_copys_reconstruction() -> N
     assert shim.note == "answered by the memo"
 
 
-class _LooseFunctionCopier:
+def test_a_class_with_its_own_getstate_is_rebuilt_by_copys_reconstruction() -> None:
+    """A class whose __getstate__ is its own (even one comparing equal to nn.Module's) is
+    rebuilt by copy's reconstruction, which asks the memo for the state dict: a state the memo
+    already answers is the state the copy gets, as natively."""
+    _gets_the_state_the_memo_answers(GetsItsStateLoosely(2, 2), GetsItsStateLoosely.__getstate__)
+
+
+class _LooseFunctionCopier(EqualsEverything):
     """A copier for functions in copy's dispatch table that compares equal to every object
     (deepcopy's own atomic copier too), noting each function it copies."""
 
     def __init__(self) -> None:
         self.seen: List[Any] = []
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    __hash__ = object.__hash__
 
     def __call__(self, value: Any, memo: Dict[int, Any]) -> Any:
         self.seen.append(value)
@@ -706,17 +668,12 @@ def test_a_dispatch_entry_equal_to_deepcopys_atomic_copier_is_still_called(
     assert copier.seen == [_hook, _hook]
 
 
-class _LooseReduceEx:
+class _LooseReduceEx(EqualsEverything):
     """A class's ``__reduce_ex__`` that compares equal to object's (and to everything) but is
     not it: it reduces its class's one instance as object does, to the state dict it holds."""
 
     def __init__(self) -> None:
         self.state: Dict[str, Any] = {}
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    __hash__ = object.__hash__
 
     def __call__(self, protocol: int) -> Any:
         return (_NEWOBJ, (ReducesExLoosely,), self.state, None, None)
@@ -730,24 +687,12 @@ def test_a_class_with_its_own_reduce_ex_is_rebuilt_by_copys_reconstruction() -> 
     """A class whose __reduce_ex__ is its own (even one comparing equal to object's) is
     rebuilt by copy's reconstruction, which asks the memo for the state dict: a state the memo
     already answers is the state the copy gets, as natively."""
-    module = ReducesExLoosely(2, 2)
-    state = ReducesExLoosely.__reduce_ex__.state = dict(vars(module))  # type: ignore[attr-defined]
-    answered = dict(state, note="answered by the memo")
-    native = copy.deepcopy(module, {id(state): answered})
-    with deepcopy_shim.enabled("silent"):
-        shim = copy.deepcopy(module, {id(state): answered})
-    GraphDiff(module, native, shim).check()
-    assert shim.note == "answered by the memo"
+    _gets_the_state_the_memo_answers(ReducesExLoosely(2, 2), ReducesExLoosely.__reduce_ex__)
 
 
-class _LooseConstructor:
+class _LooseConstructor(EqualsEverything):
     """A reduction's callable that compares equal to every object (copyreg.__newobj__ too) but
     is not it: it makes the instance as __newobj__ does, and marks it."""
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    __hash__ = object.__hash__
 
     def __call__(self, cls: type) -> Any:
         made = cls.__new__(cls)  # type: ignore[call-overload]
@@ -778,7 +723,7 @@ def test_a_reduction_of_six_items_fails_as_natively() -> None:
     assert str(shim.value) == str(native.value)
 
 
-class _LooseMixin(metaclass=_EqualsEveryClass):
+class _LooseMixin(metaclass=EqualsEveryClass):
     """A mixin of a class that compares equal to every class (nn.Module too), with a
     __deepcopy__ of its own."""
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional
 import pytest
 import torch
 import torch.nn as nn
+from support.loose import EqualsEveryClass, SuppliesTagged
 from support.models import TORCH_VERSION, with_history
 
 import deepcopy_shim
@@ -251,32 +252,7 @@ def test_a_memo_entry_made_by_hand_answers_in_the_survey_whatever_its_value() ->
     assert err.paths == ("out",) and err.tensors == (layer.out,) and complete(err)
 
 
-class SuppliesTagged(dict):  # type: ignore[type-arg]
-    """A memo that answers a detached alias for every tensor tagged ``supplied`` (as pyro's
-    memo does for all of them), so the copy never meets those."""
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        result = super().get(key, default)
-        if result is default:
-            import ctypes
-
-            old = ctypes.cast(key, ctypes.py_object).value
-            if isinstance(old, torch.Tensor) and getattr(old, "supplied", False):
-                self[key] = result = old.detach()
-        return result
-
-
-class _EqualsEveryClass(type):
-    """A metaclass under which a class compares equal to every class (a matcher, a class
-    registry keyed loosely): identity is all that tells two classes apart."""
-
-    def __eq__(cls, other: object) -> bool:
-        return isinstance(other, type)
-
-    __hash__ = type.__hash__
-
-
-class SuppliesTaggedLoosely(SuppliesTagged, metaclass=_EqualsEveryClass):
+class SuppliesTaggedLoosely(SuppliesTagged, metaclass=EqualsEveryClass):
     pass
 
 
