@@ -6,7 +6,7 @@ import copyreg
 import gc
 import operator
 from collections import OrderedDict
-from types import FunctionType, MethodType
+from types import MethodType
 from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
 import torch
@@ -28,7 +28,6 @@ __tracebackhide__ = True
 _referents = gc.get_referents
 _owned = _record.OWNED
 Parameter = torch.nn.Parameter
-_PARAMETER_DICT = vars(Parameter)  # a live view: what Parameter's own dict holds when it is read
 # nn.Module has no __getstate__ of its own in torch 2.0, and object has one only since Python
 # 3.11: either may be missing.
 _MODULE_GETSTATE = getattr(torch.nn.Module, "__getstate__", None)
@@ -37,6 +36,7 @@ _MODULE_GETATTR = torch.nn.Module.__getattr__
 _MODULE_BASICSIZE = torch.nn.Module.__basicsize__
 _OBJECT_REDUCE_EX = object.__reduce_ex__
 _OBJECT_REDUCE = object.__reduce__
+_OBJECT_GETATTRIBUTE: Any = object.__getattribute__
 _NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]
 
 
@@ -210,8 +210,12 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
         elif kind is dict:
             # deepcopy's own dict copier: memoise the new dict, then copy each item.
             if value:
-                new_state[key] = (_copy_parameters(value, memo) if key == "_parameters"
-                                  else _copy_items(value, memo, _deepcopy))
+                if key == "_parameters":
+                    new_state[key] = _copy_parameters(value, memo)
+                elif key == "_modules":
+                    new_state[key] = _copy_modules(value, memo)
+                else:
+                    new_state[key] = _copy_items(value, memo, _deepcopy)
                 empty_hooks = None
                 continue
             make = dict
@@ -338,20 +342,17 @@ def _copy_items(mapping: Dict[Any, Any], memo: Dict[Any, Any],
 
 
 def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any, Any]:
-    """`_copy_items` for a module's `_parameters`, calling `Parameter.__deepcopy__` itself.
+    """`_copy_items` for a module's `_parameters`, calling each `nn.Parameter`'s copier itself.
 
-    For an `nn.Parameter` of exactly that type deepcopy would find `Parameter.__deepcopy__`
-    (whatever function it is now) and call it; calling that function directly is the same
-    call without deepcopy's dispatch.  Other values go through deepcopy, and inside a survey
-    every value goes to the survey's copier.
+    For an `nn.Parameter` of exactly that type deepcopy looks `__deepcopy__` up on it, calls
+    what it finds, and memoises the copy and keeps the parameter alive: that is done here, in
+    that order, without deepcopy's dispatch.  Other values go through deepcopy, and inside a
+    survey every value goes to the survey's copier.
     """
     scope = _modes.current_scope()
     if scope is not None and scope.survey is not None:
         return _copy_items(mapping, memo, scope.survey.copy_value)
-    param_deepcopy = _PARAMETER_DICT.get("__deepcopy__")
-    # Only a plain function binds to the instance as its first argument; a staticmethod,
-    # classmethod or other descriptor put there by someone else is left to deepcopy.
-    if type(param_deepcopy) is not FunctionType or Parameter in _DEEPCOPY_DISPATCH:
+    if Parameter in _DEEPCOPY_DISPATCH:
         return _copy_items(mapping, memo, _deepcopy)
     existing: Dict[Any, Any] = memo.get(id(mapping), _NIL)
     if existing is not _NIL:
@@ -373,15 +374,72 @@ def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any,
             found = memo_get(ident, _NIL)
         if found is not _NIL:
             new[key] = found
-        # An instance attribute named __deepcopy__ would win over the class's in getattr.
-        elif type(item) is not Parameter or "__deepcopy__" in item.__dict__:
+            continue
+        # deepcopy's own lookup, so an instance attribute or a descriptor binds as it does
+        # there; `item.__dict__` would make an instance dict on the source parameter.  It
+        # runs no code of anyone's on an exact Parameter, so a miss may look again.
+        copier = getattr(item, "__deepcopy__", None) if type(item) is Parameter else None
+        if copier is None:
             new[key] = _deepcopy(item, memo)
         else:
-            copied = param_deepcopy(item, memo)
+            copied = copier(memo)
             if copied is not item:
-                memo[ident] = copied  # the memo entry deepcopy adds (Parameter's own adds it too)
+                memo[ident] = copied
+                keep_alive(item, memo)
             new[key] = copied
     return new
+
+
+def _copy_modules(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any, Any]:
+    """`_copy_items` for a module's `_modules`, calling the shim's copier itself.
+
+    For a submodule whose `__deepcopy__` attribute lookup finds the shim's copier (see
+    `_finds_copier`), deepcopy would call `copy_module(item, memo)` and then memoise the copy
+    and keep the submodule alive: that is done here, in that order, without deepcopy's
+    dispatch.  Every other value goes through deepcopy.
+    """
+    existing: Dict[Any, Any] = memo.get(id(mapping), _NIL)
+    if existing is not _NIL:
+        return existing
+    new: Dict[Any, Any] = {}
+    memo[id(mapping)] = new
+    memo_get = memo.get
+    for key, item in mapping.items():
+        if type(key) not in _ATOMIC:
+            key = _deepcopy(key, memo)
+        if item is None:
+            new[key] = None
+        elif not _finds_copier(item):
+            new[key] = _deepcopy(item, memo)
+        else:
+            # deepcopy's own steps for an object with a __deepcopy__: memo.get, the call, then
+            # (for a new copy) memo[id] = copy and _keep_alive(x, memo).
+            ident = id(item)
+            copied = memo_get(ident, _NIL)
+            if copied is _NIL:
+                copied = copy_module(item, memo)
+                if copied is not item:
+                    memo[ident] = copied
+                    keep_alive(item, memo)
+            new[key] = copied
+    return new
+
+
+def _finds_copier(item: Any) -> bool:
+    """True if deepcopy's `getattr(item, "__deepcopy__", None)` finds `copy_module`, bound to
+    `item`, as this finds it by reading dicts only: no dispatch entry for its class, object's
+    own attribute lookup, no instance attribute of that name (the shim's descriptor is not a
+    data descriptor), a `ModuleDeepcopy` first in the MRO, no class after nn.Module's with a
+    `__deepcopy__`, and nn.Module's own `__getattr__` (which never has one)."""
+    cls = type(item)
+    if (cls in _DEEPCOPY_DISPATCH or cls.__getattribute__ is not _OBJECT_GETATTRIBUTE
+            or cls.__getattr__ is not _MODULE_GETATTR or "__deepcopy__" in item.__dict__):
+        return False
+    for klass in cls.__mro__:
+        found = klass.__dict__.get("__deepcopy__", _NIL)
+        if found is not _NIL:
+            return type(found) is ModuleDeepcopy and _deepcopy_after_module(cls) is None
+    return False
 
 
 # A dict copied here instead of by deepcopy is still a step of the copy's path, and the module
@@ -389,5 +447,6 @@ def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any,
 # directly) and owns the record of a copy whose root it copies (see _record).
 COPY_FRAMES[id(_copy_items.__code__)] = "mapping"
 COPY_FRAMES[id(_copy_parameters.__code__)] = "mapping"
+COPY_FRAMES[id(_copy_modules.__code__)] = "mapping"
 COPY_FRAMES[id(copy_module.__code__)] = ROOT_FRAMES[id(copy_module.__code__)] = "module"
 OWNER_FRAMES[id(copy_module.__code__)] = "module"

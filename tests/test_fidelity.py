@@ -13,7 +13,7 @@ import gc
 import types
 import warnings
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import pytest
 import torch
@@ -136,6 +136,28 @@ def test_copying_leaves_the_source_containers_untouched() -> None:
     after = {id(d): gc.get_referents(d) for m in model.modules() for d in vars(m).values()
              if isinstance(d, OrderedDict) and not d}
     assert after == before
+
+
+def _instance_dicts(tensor: torch.Tensor) -> int:
+    # Counted among its GC referents: asking for `__dict__` would make one.
+    return sum(type(ref) is dict for ref in gc.get_referents(tensor))
+
+
+@pytest.mark.parametrize("mode", [None, "silent", "warn", "strict"])
+def test_copying_makes_no_instance_dict_on_a_source_parameter(mode: Optional[str]) -> None:
+    """Native deepcopy finds `Parameter.__deepcopy__` without making the parameter an instance
+    dict; neither does the shim's copy of a module's parameters, in any mode (found by the
+    issue 18 profile: the shortcut once asked for `item.__dict__`)."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3), nn.ModuleDict({"x": nn.Linear(2, 2)}))
+    params = list(model.parameters())
+    assert [_instance_dicts(p) for p in params] == [0] * len(params)
+    if mode is None:
+        copied = copy.deepcopy(model)
+    else:
+        with deepcopy_shim.enabled(mode):
+            copied = copy.deepcopy(model)
+    assert [_instance_dicts(p) for p in params] == [0] * len(params)
+    assert all(type(p) is nn.Parameter for p in copied.parameters())
 
 
 def test_fidelity_covers_the_custom_protocol_classes_natively() -> None:

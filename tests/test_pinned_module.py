@@ -846,3 +846,137 @@ def test_a_module_copy_that_fails_keeps_nothing_alive(mode: str) -> None:
     paths = [w.message.paths for w in caught
              if isinstance(w.message, deepcopy_shim.DetachedTensorsWarning)]
     assert paths == ([("cached",)] if mode == "warn" else [])
+
+
+# --- submodules: copied by the shim's copier directly wherever deepcopy would call it -------
+
+
+class CountsLookups(nn.Linear):
+    """Counts the lookups of `__deepcopy__` on its instances (its own attribute lookup)."""
+
+    lookups: ClassVar[int] = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "__deepcopy__":
+            type(self).lookups += 1
+        return super().__getattribute__(name)
+
+
+def test_a_submodule_with_its_own_attribute_lookup_is_looked_up_once_as_natively() -> None:
+    """deepcopy looks `__deepcopy__` up once per object: a class with its own
+    `__getattribute__` sees that one lookup under the shim too (not none, not two)."""
+    model = nn.Sequential(CountsLookups(2, 2))
+    CountsLookups.lookups = 0
+    native, shim = native_and_shim(model)
+    assert CountsLookups.lookups == 2  # once natively, once under the shim
+    GraphDiff(model, native, shim).check()
+
+
+def test_a_submodule_with_an_instance_deepcopy_is_copied_by_it() -> None:
+    """An instance attribute named `__deepcopy__` wins over the class's (the shim's copier is
+    not a data descriptor): deepcopy calls it, for a submodule as for the root."""
+    inner = nn.Linear(2, 2)
+    inner.__deepcopy__ = lambda memo: "own"  # type: ignore[attr-defined]
+    native, shim = native_and_shim(nn.Sequential(inner, nn.ReLU()))
+    assert native[0] == shim[0] == "own"
+    assert type(shim[1]) is nn.ReLU
+
+
+def test_a_deepcopy_dispatch_entry_for_a_submodules_class_is_honoured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """deepcopy's dispatch table comes before any `__deepcopy__`: an entry for a submodule's
+    class copies it, under the shim as natively."""
+    monkeypatch.setitem(copy._deepcopy_dispatch, nn.ReLU,  # type: ignore[attr-defined]
+                        lambda x, memo: "dispatched")
+    native, shim = native_and_shim(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    assert native[1] == shim[1] == "dispatched"
+
+
+@pytest.mark.parametrize("cls", [AnswersEverything, AnswersWithALooseCopier])
+def test_a_submodule_whose_getattr_forwards_deepcopy_is_copied_by_the_answer(cls: type) -> None:
+    """A submodule whose class's `__getattr__` answers for `__deepcopy__` is copied by that
+    answer, as natively (only nn.Module's own `__getattr__` is known to have none)."""
+    native, shim = native_and_shim(nn.Sequential(cls()))
+    assert native[0] == shim[0] == "forwarded"
+
+
+def test_a_submodule_class_before_nn_module_with_a_deepcopy_of_none_is_reduced() -> None:
+    """`__deepcopy__ = None` on a class makes deepcopy reduce its instances, submodules too."""
+
+    class Reduced(nn.Linear):
+        __deepcopy__ = None
+
+    same_as_native(nn.Sequential(Reduced(2, 2)))
+
+
+def test_the_copy_keeps_every_submodule_and_parameter_alive_in_the_memo_as_natively() -> None:
+    """deepcopy memoises each copy and keeps its source alive in the memo; a shared submodule
+    is copied once.  The shim's direct calls do both, for the same objects."""
+    shared = nn.Linear(2, 2)
+    model = nn.Sequential(shared, nn.Sequential(nn.LayerNorm(2), shared), nn.ReLU())
+    lasting = {id(obj): obj for obj in [*model.modules(), *model.parameters()]}
+
+    def kept_and_memoised(memo: Dict[int, Any]) -> Any:
+        kept = {id(obj) for obj in memo[id(memo)] if id(obj) in lasting}
+        return kept, {key for key in memo if key in lasting}
+
+    native_memo: Dict[int, Any] = {}
+    native = copy.deepcopy(model, native_memo)
+    shim_memo: Dict[int, Any] = {}
+    with deepcopy_shim.enabled("silent"):
+        shim = copy.deepcopy(model, shim_memo)
+    assert kept_and_memoised(shim_memo) == kept_and_memoised(native_memo)
+    assert kept_and_memoised(native_memo)[0] == set(lasting)
+    assert shim[0] is shim[1][1]
+    GraphDiff(model, native, shim).check()
+
+
+class ReplacesModulesDeepcopy(nn.Module):
+    """Copying it puts another `nn.Module.__deepcopy__` in place (as another patcher would)."""
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> nn.Module:
+        nn.Module.__deepcopy__ = lambda self, memo: "theirs"  # type: ignore[attr-defined]
+        return nn.ReLU()
+
+
+def test_a_modules_deepcopy_replaced_during_the_copy_copies_the_submodules_after_it() -> None:
+    """The shim's copier is called directly only while it is what nn.Module's own dict holds:
+    one put there during the copy copies the submodules met after that, as natively."""
+    model = nn.Sequential(ReplacesModulesDeepcopy(), nn.Linear(2, 2))
+    copies = []
+    try:
+        copies.append(copy.deepcopy(model))
+    finally:
+        del nn.Module.__deepcopy__
+    with deepcopy_shim.enabled("silent"):
+        ours = vars(nn.Module)["__deepcopy__"]
+        try:
+            copies.append(copy.deepcopy(model))
+        finally:
+            nn.Module.__deepcopy__ = ours  # type: ignore[attr-defined]
+    native, shim = copies
+    assert native[1] == shim[1] == "theirs"
+    assert type(native[0]) is type(shim[0]) is nn.ReLU
+    assert "__deepcopy__" not in vars(nn.Module)
+
+
+class CountsItsLookups:
+    """Counts the lookups of `__deepcopy__` on its instances; has none (deepcopy reduces it)."""
+
+    lookups: ClassVar[int] = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "__deepcopy__":
+            type(self).lookups += 1
+        return super().__getattribute__(name)
+
+
+def test_a_value_of_parameters_that_is_no_parameter_is_looked_up_once_as_natively() -> None:
+    """A module's `_parameters` may hold anything put there directly: what is not exactly an
+    nn.Parameter is copied by deepcopy, which looks `__deepcopy__` up once (not twice)."""
+    module = nn.Linear(2, 2)
+    module._parameters["odd"] = CountsItsLookups()  # type: ignore[assignment]
+    CountsItsLookups.lookups = 0
+    native, shim = native_and_shim(nn.Sequential(module))
+    assert CountsItsLookups.lookups == 2  # once natively, once under the shim
+    assert type(native[0]._parameters["odd"]) is type(shim[0]._parameters["odd"]) is CountsItsLookups
