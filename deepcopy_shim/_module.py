@@ -36,7 +36,6 @@ _MODULE_GETATTR = torch.nn.Module.__getattr__
 _MODULE_BASICSIZE = torch.nn.Module.__basicsize__
 _OBJECT_REDUCE_EX = object.__reduce_ex__
 _OBJECT_REDUCE = object.__reduce__
-_OBJECT_GETATTRIBUTE: Any = object.__getattribute__
 _NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]
 
 
@@ -212,8 +211,6 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
             if value:
                 if key == "_parameters":
                     new_state[key] = _copy_parameters(value, memo)
-                elif key == "_modules":
-                    new_state[key] = _copy_modules(value, memo)
                 else:
                     new_state[key] = _copy_items(value, memo, _deepcopy)
                 empty_hooks = None
@@ -390,63 +387,10 @@ def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any,
     return new
 
 
-def _copy_modules(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any, Any]:
-    """`_copy_items` for a module's `_modules`, calling the shim's copier itself.
-
-    For a submodule whose `__deepcopy__` attribute lookup finds the shim's copier (see
-    `_finds_copier`), deepcopy would call `copy_module(item, memo)` and then memoise the copy
-    and keep the submodule alive: that is done here, in that order, without deepcopy's
-    dispatch.  Every other value goes through deepcopy.
-    """
-    existing: Dict[Any, Any] = memo.get(id(mapping), _NIL)
-    if existing is not _NIL:
-        return existing
-    new: Dict[Any, Any] = {}
-    memo[id(mapping)] = new
-    memo_get = memo.get
-    for key, item in mapping.items():
-        if type(key) not in _ATOMIC:
-            key = _deepcopy(key, memo)
-        if item is None:
-            new[key] = None
-        elif not _finds_copier(item):
-            new[key] = _deepcopy(item, memo)
-        else:
-            # deepcopy's own steps for an object with a __deepcopy__: memo.get, the call, then
-            # (for a new copy) memo[id] = copy and _keep_alive(x, memo).
-            ident = id(item)
-            copied = memo_get(ident, _NIL)
-            if copied is _NIL:
-                copied = copy_module(item, memo)
-                if copied is not item:
-                    memo[ident] = copied
-                    keep_alive(item, memo)
-            new[key] = copied
-    return new
-
-
-def _finds_copier(item: Any) -> bool:
-    """True if deepcopy's `getattr(item, "__deepcopy__", None)` finds `copy_module`, bound to
-    `item`, as this finds it by reading dicts only: no dispatch entry for its class, object's
-    own attribute lookup, no instance attribute of that name (the shim's descriptor is not a
-    data descriptor), a `ModuleDeepcopy` first in the MRO, no class after nn.Module's with a
-    `__deepcopy__`, and nn.Module's own `__getattr__` (which never has one)."""
-    cls = type(item)
-    if (cls in _DEEPCOPY_DISPATCH or cls.__getattribute__ is not _OBJECT_GETATTRIBUTE
-            or cls.__getattr__ is not _MODULE_GETATTR or "__deepcopy__" in item.__dict__):
-        return False
-    for klass in cls.__mro__:
-        found = klass.__dict__.get("__deepcopy__", _NIL)
-        if found is not _NIL:
-            return type(found) is ModuleDeepcopy and _deepcopy_after_module(cls) is None
-    return False
-
-
 # A dict copied here instead of by deepcopy is still a step of the copy's path, and the module
 # copier is a copy frame that can be the root of a copy (a deepcopy written in C calls it
 # directly) and owns the record of a copy whose root it copies (see _record).
 COPY_FRAMES[id(_copy_items.__code__)] = "mapping"
 COPY_FRAMES[id(_copy_parameters.__code__)] = "mapping"
-COPY_FRAMES[id(_copy_modules.__code__)] = "mapping"
 COPY_FRAMES[id(copy_module.__code__)] = ROOT_FRAMES[id(copy_module.__code__)] = "module"
 OWNER_FRAMES[id(copy_module.__code__)] = "module"

@@ -848,7 +848,7 @@ def test_a_module_copy_that_fails_keeps_nothing_alive(mode: str) -> None:
     assert paths == ([("cached",)] if mode == "warn" else [])
 
 
-# --- submodules: copied by the shim's copier directly wherever deepcopy would call it -------
+# --- submodules: every way deepcopy finds (or does not find) a copier, as natively --------
 
 
 class CountsLookups(nn.Linear):
@@ -911,7 +911,8 @@ def test_a_submodule_class_before_nn_module_with_a_deepcopy_of_none_is_reduced()
 
 def test_the_copy_keeps_every_submodule_and_parameter_alive_in_the_memo_as_natively() -> None:
     """deepcopy memoises each copy and keeps its source alive in the memo; a shared submodule
-    is copied once.  The shim's direct calls do both, for the same objects."""
+    is copied once.  The shim's copier, and its direct calls of each parameter's, do both,
+    for the same objects."""
     shared = nn.Linear(2, 2)
     model = nn.Sequential(shared, nn.Sequential(nn.LayerNorm(2), shared), nn.ReLU())
     lasting = {id(obj): obj for obj in [*model.modules(), *model.parameters()]}
@@ -940,8 +941,8 @@ class ReplacesModulesDeepcopy(nn.Module):
 
 
 def test_a_modules_deepcopy_replaced_during_the_copy_copies_the_submodules_after_it() -> None:
-    """The shim's copier is called directly only while it is what nn.Module's own dict holds:
-    one put there during the copy copies the submodules met after that, as natively."""
+    """Another `nn.Module.__deepcopy__` put in place during the copy copies the submodules
+    met after that, as natively."""
     model = nn.Sequential(ReplacesModulesDeepcopy(), nn.Linear(2, 2))
     copies = []
     try:
