@@ -132,7 +132,9 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
             # keeping it alive as long as the memo is what deepcopy's per-object _keep_alive
             # guarantees: no memoised id can be reused by a new object during this copy.
             keep_alive(state, memo)
-            new.__setstate__(_copy_state(state, memo))  # type: ignore[no-untyped-call]
+            # The class's own __setstate__ is nn.Module's (checked above), and a new object has
+            # no instance attribute that could shadow it.
+            _MODULE_SETSTATE(new, _copy_state(state, memo))  # type: ignore[no-untyped-call]
     except BaseException:
         if _record.open_records():
             _record.module_copy_ended(module, failed=True)
@@ -190,9 +192,10 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
     # checked together when the first OrderedDict is met, and again after any value whose copy
     # may run other code (which could change them).  None: not checked since.
     empty_hooks: Optional[FrozenSet[str]] = None
+    ordered_dict = OrderedDict  # a local: read about 12 times per module
     for key, value in state.items():
         kind = type(value)
-        if kind is OrderedDict:
+        if kind is ordered_dict:
             if empty_hooks is None:
                 empty_hooks = _empty_hook_dicts(state) if plain_odicts else _NO_NAMES
             # deepcopy reduces an empty OrderedDict to OrderedDict() plus its instance
@@ -203,7 +206,13 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
                 new_state[key] = _copy_value(key, value, memo, plain_odicts)
                 empty_hooks = None
                 continue
-            make: Callable[[], Any] = OrderedDict
+            # The hook dict met first (the case of almost every one): made and memoised here,
+            # as the tail below does, without its detour.
+            ident = id(value)
+            if plain_memo and ident not in memo:
+                new_state[key] = memo[ident] = ordered_dict()
+                continue
+            make: Callable[[], Any] = ordered_dict
         elif kind in _ATOMIC:
             continue
         elif kind is dict:
@@ -218,6 +227,10 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
             make = dict
         elif kind is set and plain_sets and not value:
             make = set  # deepcopy reduces a set to set(list(items)): set([])
+        elif kind is tuple and plain_memo and id(value) not in memo and _all_atoms(value):
+            # deepcopy asks the memo first (a memo given answers may name a tuple), then its
+            # tuple copier returns a tuple of atoms itself: no code runs.
+            continue
         else:
             new_state[key] = _copy_value(key, value, memo, plain_odicts)
             empty_hooks = None
@@ -273,8 +286,6 @@ def _copy_value(key: str, value: Any, memo: Dict[Any, Any], plain_odicts: bool) 
         if _plain(set) and _all_atoms(value):
             # deepcopy reduces a set to set(list(items)): the same atoms
             return _memoised(value, memo, value.copy)
-    elif kind is tuple and _all_atoms(value):
-        return value  # deepcopy's tuple copier returns such a tuple itself, memoising nothing
     return _deepcopy(value, memo)
 
 

@@ -504,9 +504,6 @@ def test_a_deepcopy_dispatch_entry_for_ordered_dict_is_honoured_for_a_hook_dict_
     assert copied._forward_hooks.via_dispatch and list(copied._forward_hooks.values()) == [_hook]
 
 
-@pytest.mark.xfail(strict=True, reason="_copy_value returns a tuple of atoms itself (and _copy_state "
-                                       "keeps an atom) without asking the memo, which deepcopy "
-                                       "asks first for every object")
 @pytest.mark.parametrize("memo_kind", [dict, Answers])
 def test_a_memo_that_answers_for_a_tuple_of_atoms_gives_the_copy_that_answer(memo_kind: type) -> None:
     """deepcopy asks the memo first for every object, a tuple of atoms too: what the memo
