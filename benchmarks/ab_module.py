@@ -12,8 +12,9 @@ median over rounds of the per-round ratio, and each method's median time.
 Cases: module-heavy (`--blocks` x [Linear(16, 16), LayerNorm(16), ReLU]), module-heavy non-leaf
 (the same, each Linear's output cached by a forward hook: warn against silent; native refuses
 it), dict (`--dict-n` leaf tensors of `--dict-size` floats), big (`--big-layers` x
-Linear(`--big-width`, `--big-width`)).  "floor" (module-heavy only) is
-`floor_module_heavy.copy_model`, "clone" `untyped_storage().clone()` of every tensor.
+Linear(`--big-width`, `--big-width`)).  "floor" and "protocol floor" (module-heavy only) are
+`floor_module_heavy.copy_model` and `copy_model_with_protocol`, "clone"
+`untyped_storage().clone()` of every tensor.
 
 "old" is `deepcopy_shim/_module.py` as committed at `--ref` (loaded from `git show`), "new" is
 the working tree's; both are installed as `nn.Module.__deepcopy__` in turn, with the same
@@ -37,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
-from floor_module_heavy import copy_model, module_heavy
+from floor_module_heavy import copy_model, copy_model_with_protocol, module_heavy
 
 import deepcopy_shim
 from deepcopy_shim import _modes, _patch
@@ -152,13 +153,16 @@ def methods(switch: Switch, case: str, tensors: List[torch.Tensor]) -> List[Meth
             found.append((f"{which} {mode}", switch.shim(mode, which), copy.deepcopy))
     if case == "module-heavy":
         found.append(("floor", switch.native, copy_model))
+        found.append(("protocol floor", switch.native, copy_model_with_protocol))
     found.append(("clone", noop, clone))
     return found
 
 
 RATIOS: Dict[str, List[Tuple[str, str]]] = {
     "module-heavy": [("old silent", "clone"), ("new silent", "clone"), ("floor", "clone"),
-                     ("new silent", "floor"), ("copium", "old silent"),
+                     ("protocol floor", "clone"), ("new silent", "floor"),
+                     ("new silent", "protocol floor"), ("copium", "protocol floor"),
+                     ("native", "protocol floor"), ("copium", "old silent"),
                      ("copium", "new silent"), ("native", "old silent"), ("native", "new silent"),
                      ("new silent", "old silent")],
     "module-heavy non-leaf": [("old warn", "old silent"), ("new warn", "new silent"),
@@ -192,11 +196,11 @@ def run(case: str, obj: Any, switch: Switch, rounds: int, clock: str) -> None:
     print(f"{case} ({clock} time, {rounds} rounds, {len(tensors)} tensors, "
           f"{sum(1 for _ in obj.modules()) if isinstance(obj, nn.Module) else 0} modules)")
     for name in times:
-        print(f"  {name:>12}: {statistics.median(times[name]) * 1e3:8.2f} ms")
+        print(f"  {name:>14}: {statistics.median(times[name]) * 1e3:8.2f} ms")
     for a, b in RATIOS[case]:
         if a in times and b in times:
             per_round = [x / y for x, y in zip(times[a], times[b])]
-            print(f"  {a:>12} / {b:<12} {statistics.median(per_round):6.3f}x")
+            print(f"  {a:>14} / {b:<14} {statistics.median(per_round):6.3f}x")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
