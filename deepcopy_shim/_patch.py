@@ -60,7 +60,7 @@ class _Patch:
         self.original = vars(self.tensor_cls)["__deepcopy__"]
         self.problem = refusal_problem(self.original)
         self.tensor_patch = StableFunctionWrapper(
-            self.original, make_tensor_deepcopy_wrapper(self.original, holding)
+            self.original, *make_tensor_deepcopy_wrapper(self.original, holding)
         )
         self.module_patch = ModuleDeepcopy()
 

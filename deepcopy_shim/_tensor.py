@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copyreg
+import functools
 import sys
 from types import MethodType
 from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
@@ -34,7 +35,8 @@ REFUSAL = "graph leaves"
 
 
 class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
-    """A `wrapt.FunctionWrapper` whose class attribute access returns the wrapper itself.
+    """A `wrapt.FunctionWrapper` whose class attribute access returns the wrapper itself, and
+    whose instance access binds `bound`, a plain function of the wrapped one's signature.
 
     wrapt binds a fresh `BoundFunctionWrapper` on every `Tensor.__deepcopy__` access; torch
     compares `func is Tensor.__deepcopy__` (FakeTensor's `__torch_function__`), and
@@ -42,15 +44,20 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
     keep one identity.  As a wrapt proxy it also hashes and compares equal to the original, so
     torch's cached sets of Tensor methods (`torch.overrides`) still recognise it.
 
-    Instance access binds with a plain `MethodType`: the wrapper then sees the tensor as
-    `args[0]`, exactly as on torch's redispatch path.  Measured on copies of 16-element
-    tensors this costs 1.07x native, against 1.12x for wrapt's own binding.
+    Instance access, what deepcopy makes for every tensor, binds `bound` with a plain
+    `MethodType`, without wrapt's calling convention: measured on copies of 8-element
+    tensors, 0.25 us more than torch's own call, against 0.85 us through the wrapper.
     """
+
+    def __init__(self, wrapped: Callable[..., Any], wrapper: Callable[..., Any],
+                 bound: Callable[..., Any]) -> None:
+        super().__init__(wrapped, wrapper)
+        self._self_bound = bound
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             return self
-        return MethodType(self, instance)
+        return MethodType(self._self_bound, instance)
 
 
 class neutral_torch:
@@ -124,12 +131,23 @@ def _probe(original: Callable[..., Any]) -> Optional[str]:
 
 
 def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
-                                 hold: Callable[[], ContextManager[Any]]) -> Callable[..., Any]:
-    """Return the wrapt wrapper function for `Tensor.__deepcopy__` around `original`.
+                                 hold: Callable[[], ContextManager[Any]]
+                                 ) -> Tuple[Callable[..., Any], Callable[..., Any]]:
+    """Return the two callables of the patch around `original`: the wrapt wrapper function
+    (what a call through the class runs: `Tensor.__deepcopy__(t, memo)`, torch's redispatch
+    from `__torch_function__`) and the plain function of torch's own signature, `(self, memo)`,
+    that an instance binds (`t.__deepcopy__(memo)`, what deepcopy calls for every tensor).
 
+    Both do the same: delegate to `original`, and only handle torch's "graph leaves" refusal.
     `hold()` keeps the patch installed while a strict refusal is surveyed after its copy.
     """
     current_scope = _modes.current_scope
+    # Delegate first.  Inspecting the tensor before delegating (is_leaf, has_torch_function)
+    # recurses forever on the __torch_function__ redispatch path; delegating first lets torch
+    # do everything it can (leaves, memo hits, subclasses, sparse, quantized) exactly as it
+    # always does.  No name in these frames holds an exception: each is in a traceback that
+    # holds the frame, a cycle that would keep the copy made so far alive until the garbage
+    # collector ran (native deepcopy frees it as soon as the error is handled).
 
     def tensor_deepcopy(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
                         kwargs: Dict[str, Any]) -> Any:
@@ -137,34 +155,52 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
         if scope is not None and scope.survey is not None:
             tensor, memo = _bind(args, kwargs)
             return scope.survey.copy_tensor(tensor, memo, sys._getframe(1), scope)
-        # Delegate first, and only handle torch's "graph leaves" refusal.  Inspecting the tensor
-        # before delegating (is_leaf, has_torch_function) recurses forever on the
-        # __torch_function__ redispatch path; delegating first lets torch do everything it can
-        # (leaves, memo hits, subclasses, sparse, quantized) exactly as it always does.
         try:
             return wrapped(*args, **kwargs)
         except RuntimeError:
-            # No name here holds an exception: each is in a traceback that holds this frame, a
-            # cycle that would keep the copy made so far alive until the garbage collector ran
-            # (native deepcopy frees it as soon as the error is handled).  And the refusal is
-            # raised from this very frame: the one frame of the shim's a traceback shows.
-            setting = _modes.current_setting()
-            if setting is None or not _is_torch_refusal(sys.exc_info()[1], original):
-                raise
+            # torch got its two arguments (a bad call raises TypeError): they bind.
             tensor, memo = _bind(args, kwargs)
-            if tensor.is_leaf:  # the refusal came from somewhere inside, not from this tensor
+            copied = _after_refusal(original, hold, tensor, memo, sys._getframe(1))
+            if copied is NIL:
                 raise
-            # torch checks is_leaf before its memo: a tensor already copied in this deepcopy
-            # (reached again through a direct __deepcopy__ call) is a memo hit, not a copy.
-            existing = memo.get(id(tensor), NIL)
-            if existing is not NIL:
-                return existing
-            if setting.mode is Mode.STRICT:
-                # refuse() makes torch's error the cause (B904)
-                raise _refusal.refuse(tensor, sys._getframe(1), setting, sys.exc_info()[1], hold)  # type: ignore[arg-type]  # noqa: B904
-            return copy_detached(original, tensor, memo, setting, sys._getframe(1))
+            return copied
 
-    return tensor_deepcopy
+    def bound_deepcopy(self: torch.Tensor, memo: Dict[Any, Any]) -> Any:
+        scope = current_scope()
+        if scope is not None and scope.survey is not None:
+            return scope.survey.copy_tensor(self, memo, sys._getframe(1), scope)
+        try:
+            return original(self, memo)
+        except RuntimeError:
+            copied = _after_refusal(original, hold, self, memo, sys._getframe(1))
+            if copied is NIL:
+                raise
+            return copied
+
+    # Named and documented as torch's (as the wrapt proxy reports itself), unwrapping to it.
+    functools.update_wrapper(bound_deepcopy, original)
+    return tensor_deepcopy, bound_deepcopy
+
+
+def _after_refusal(original: Callable[..., Any], hold: Callable[[], ContextManager[Any]],
+                   tensor: torch.Tensor, memo: Dict[Any, Any], caller: Any) -> Any:
+    """What the copy of `tensor` (called by the frame `caller`) is, the RuntimeError of
+    `original` being handled: NIL where that error stands (no mode applies, it is not torch's
+    refusal, or the tensor is a leaf: the refusal came from somewhere inside it), the memo's
+    copy where it has one, else the detached copy; in mode strict, raises
+    `NonLeafTensorError` with torch's error as its cause."""
+    setting = _modes.current_setting()
+    if setting is None or not _is_torch_refusal(sys.exc_info()[1], original) or tensor.is_leaf:
+        return NIL
+    # torch checks is_leaf before its memo: a tensor already copied in this deepcopy (reached
+    # again through a direct __deepcopy__ call) is a memo hit, not a copy.
+    existing = memo.get(id(tensor), NIL)
+    if existing is not NIL:
+        return existing
+    if setting.mode is Mode.STRICT:
+        # refuse() makes torch's error (the one being handled) the cause
+        raise _refusal.refuse(tensor, caller, setting, sys.exc_info()[1], hold)  # type: ignore[arg-type]
+    return copy_detached(original, tensor, memo, setting, caller)
 
 
 def _is_torch_refusal(exc: Any, original: Callable[..., Any]) -> bool:

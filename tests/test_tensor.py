@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import inspect
 import warnings
 from typing import Any, ClassVar, Dict, Iterator
 
@@ -225,6 +226,47 @@ def test_patched_attribute_has_stable_identity() -> None:
     assert torch.Tensor.__deepcopy__.__name__ == "__deepcopy__"
     overrides = torch.overrides.get_testing_overrides()
     assert torch.Tensor.__deepcopy__ in overrides  # used as a dict key inside torch
+
+
+def _bound_facts(tensor: torch.Tensor) -> Dict[str, Any]:
+    """What introspection and misuse of `tensor.__deepcopy__` show."""
+    bound = tensor.__deepcopy__
+    facts: Dict[str, Any] = {
+        "qualname": bound.__qualname__, "name": bound.__name__, "doc": bound.__doc__,
+        "module": bound.__module__, "signature": str(inspect.signature(bound)),
+        "repr": repr(bound).split(" of ")[0], "unwrapped": inspect.unwrap(bound.__func__),
+        "self": bound.__self__ is tensor, "by keyword": type(bound(memo={})),
+    }
+    for name, call in (("no memo", lambda: bound()), ("two memos", lambda: bound({}, {}))):
+        with pytest.raises(TypeError) as raised:
+            call()
+        facts[name] = str(raised.value)
+    return facts
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_tensors_bound_deepcopy_reads_and_fails_as_torchs(requires_grad: bool) -> None:
+    """Instance access binds the shim's plain function of torch's signature (the fast path
+    deepcopy takes for every tensor): named, documented and signed as torch's, unwrapping to
+    it, bound to the tensor, failing on a bad call with torch's words; only its `__func__` is
+    not `Tensor.__deepcopy__` (the class attribute, which keeps one identity)."""
+    tensor = torch.randn(3, requires_grad=requires_grad)
+    deepcopy_shim.disable()
+    native = _bound_facts(tensor)
+    deepcopy_shim.enable("silent")
+    assert _bound_facts(tensor) == native
+    assert native["unwrapped"] is ORIGINAL_TENSOR_DEEPCOPY
+    assert tensor.__deepcopy__.__func__ is not torch.Tensor.__deepcopy__
+    assert tensor.__deepcopy__.__func__ is vars(torch.Tensor)["__deepcopy__"]._self_bound
+
+
+def test_a_bound_deepcopy_by_keyword_copies_a_tensor_with_history() -> None:
+    """`t.__deepcopy__(memo=m)`, torch's signature by keyword, detaches as deepcopy does."""
+    tensor = as_nonleaf(torch.randn(3, requires_grad=True))
+    memo: Dict[int, Any] = {}
+    copied = tensor.__deepcopy__(memo=memo)
+    assert_detached_twin(tensor, copied)
+    assert memo[id(tensor)] is copied
 
 
 def test_fake_tensor_copy_mode_compares_identity() -> None:
