@@ -13,7 +13,7 @@ import torch
 
 from . import _modes, _record
 from ._protocol import ATOMIC_TYPES as _ATOMIC  # skipping deepcopy for these is exact
-from ._protocol import COPY_FRAMES, OWNER_FRAMES, ROOT_FRAMES, keep_alive, reconstruct
+from ._protocol import COPY_FRAMES, OWNER_FRAMES, ROOT_FRAMES, atoms_are_atomic, keep_alive, reconstruct
 from ._protocol import DEEPCOPY as _deepcopy
 from ._protocol import DEEPCOPY_ATOMIC as _DEEPCOPY_ATOMIC
 from ._protocol import DISPATCH as _DEEPCOPY_DISPATCH
@@ -147,7 +147,8 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
 def _is_plain_reduction(rv: Any, cls: Any) -> bool:
     """True if `rv`, the reduction of an instance of `cls`, is one the fast path rebuilds:
     object's own `(copyreg.__newobj__, (cls,), state dict, None, None)` of a class that keeps
-    nn.Module's copy protocol, in a copy made in one of the shim's modes."""
+    nn.Module's copy protocol, in a copy made in one of the shim's modes, while deepcopy's own
+    copiers for atoms and tuples are in place."""
     return (
         type(rv) is tuple
         and len(rv) == 5
@@ -166,6 +167,8 @@ def _is_plain_reduction(rv: Any, cls: Any) -> bool:
         # Slots would add storage beyond nn.Module's layout (native drops them; so would we,
         # but a class with slots is one this path does not claim to understand).
         and cls.__basicsize__ == _MODULE_BASICSIZE
+        # The shortcuts keep atoms and tuples of atoms as deepcopy's own copiers do.
+        and atoms_are_atomic()
         and _modes.current_setting() is not None
     )
 

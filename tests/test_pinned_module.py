@@ -26,6 +26,7 @@ from support.loose import EqualsEveryClass, EqualsEverything, SuppliesTagged
 from support.models import with_history
 
 import deepcopy_shim
+from deepcopy_shim import _protocol
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
 
@@ -978,3 +979,49 @@ def test_a_value_of_parameters_that_is_no_parameter_is_looked_up_once_as_nativel
     native, shim = native_and_shim(nn.Sequential(module))
     assert CountsItsLookups.lookups == 2  # once natively, once under the shim
     assert type(native[0]._parameters["odd"]) is type(shim[0]._parameters["odd"]) is CountsItsLookups
+
+
+# --- deepcopy's own copiers for atoms and tuples: the shortcuts keep atoms only while they are --
+
+
+def _counting_copier(calls: List[Any], copier: Any) -> Any:
+    def counted(x: Any, memo: Dict[int, Any], *args: Any) -> Any:
+        calls.append(x)
+        return copier(x, memo, *args)
+    return counted
+
+
+@pytest.mark.parametrize("kind", [int, bool, float, str, type(None), tuple])
+def test_a_copier_registered_for_atoms_or_tuples_is_called_as_natively(
+        kind: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copier put in deepcopy's dispatch table for an atom's type or for tuples is what
+    deepcopy calls for each such value of a module's state (`in_features`, `training`, `eps`,
+    `normalized_shape`, ...): under the shim it is called for the same values, in the same
+    order."""
+    dispatch = copy._deepcopy_dispatch  # type: ignore[attr-defined]
+    model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(3), nn.ReLU())
+    calls: Dict[str, List[Any]] = {"native": [], "shim": []}
+    original = dispatch[kind]
+    monkeypatch.setitem(dispatch, kind, _counting_copier(calls["native"], original))
+    native = copy.deepcopy(model)
+    monkeypatch.setitem(dispatch, kind, _counting_copier(calls["shim"], original))
+    with deepcopy_shim.enabled("silent"):
+        shim = copy.deepcopy(model)
+    assert calls["native"] and calls["shim"] == calls["native"]
+    GraphDiff(model, native, shim).check()
+
+
+def test_atoms_are_atomic_only_while_every_entry_is_deepcopys_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check the shortcuts rely on: False for any entry replaced (even by a copier equal to
+    deepcopy's own) or removed (deepcopy then reduces such values; natively that recurses)."""
+    dispatch = copy._deepcopy_dispatch  # type: ignore[attr-defined]
+    assert _protocol.atoms_are_atomic()
+    for kind in (*_protocol.ATOMIC_TYPES, tuple):
+        with monkeypatch.context() as patch:
+            patch.setitem(dispatch, kind, _EqualToEverything())
+            assert not _protocol.atoms_are_atomic()
+        with monkeypatch.context() as patch:
+            patch.delitem(dispatch, kind)
+            assert not _protocol.atoms_are_atomic()
+    assert _protocol.atoms_are_atomic()
