@@ -849,8 +849,9 @@ def test_a_module_copy_that_fails_keeps_nothing_alive(mode: str) -> None:
 # --- submodules: every way deepcopy finds (or does not find) a copier, as natively --------
 
 
-class CountsLookups(nn.Linear):
-    """Counts the lookups of `__deepcopy__` on its instances (its own attribute lookup)."""
+class _CountsDeepcopyLookups:
+    """Counts, per class, the lookups of `__deepcopy__` on its instances (its own attribute
+    lookup, so nn.Module's and object's is not what deepcopy meets)."""
 
     lookups: ClassVar[int] = 0
 
@@ -858,6 +859,10 @@ class CountsLookups(nn.Linear):
         if name == "__deepcopy__":
             type(self).lookups += 1
         return super().__getattribute__(name)
+
+
+class CountsLookups(_CountsDeepcopyLookups, nn.Linear):
+    """A Linear that counts the lookups of `__deepcopy__` on it."""
 
 
 def test_a_submodule_with_its_own_attribute_lookup_is_looked_up_once_as_natively() -> None:
@@ -959,15 +964,8 @@ def test_a_modules_deepcopy_replaced_during_the_copy_copies_the_submodules_after
     assert "__deepcopy__" not in vars(nn.Module)
 
 
-class CountsItsLookups:
-    """Counts the lookups of `__deepcopy__` on its instances; has none (deepcopy reduces it)."""
-
-    lookups: ClassVar[int] = 0
-
-    def __getattribute__(self, name: str) -> Any:
-        if name == "__deepcopy__":
-            type(self).lookups += 1
-        return super().__getattribute__(name)
+class CountsItsLookups(_CountsDeepcopyLookups):
+    """Counts the lookups of `__deepcopy__` on it; has none (deepcopy reduces it)."""
 
 
 def test_a_value_of_parameters_that_is_no_parameter_is_looked_up_once_as_natively() -> None:
