@@ -111,24 +111,29 @@ class Locator:
         a bounded search from the object reached finds the furthest object of the chain that
         Python access reaches, by the shortest way.
         """
+        located = self._located
+        tables = self._tables
         anchor = chain[0]
-        if not self.knows(anchor):
+        known = located.get(id(anchor))
+        if known is None or known[0] is not anchor:
             return "", "met outside the copied object"
-        path = self._located[id(anchor)][1]
+        path = known[1]
         last = len(chain) - 1
         index = 1
         while index <= last:
+            # A parent with a table (searched before) is looked up here, without a call.
+            table = tables.get(id(anchor))
             for ahead in range(last, index - 1, -1):
                 obj = chain[ahead]
-                known = self._located.get(id(obj))
+                known = located.get(id(obj))
                 if known is not None and known[0] is obj:
                     reached = known[1]
                     break
-                raw = self._step(anchor, obj)
+                raw = table.get(id(obj)) if table is not None else self._step(anchor, obj)
                 step = None if raw is None else _spell(anchor, raw)
                 if step is not None:
                     reached = path + step
-                    self._located[id(obj)] = (obj, reached)
+                    located[id(obj)] = (obj, reached)
                     break
             else:
                 reach = self._reachable(anchor)
@@ -136,7 +141,7 @@ class Locator:
                     found = reach.get(id(chain[ahead]))
                     if found is not None and found[0] is chain[ahead]:
                         reached = path + found[1]
-                        self._located[id(chain[ahead])] = (chain[ahead], reached)
+                        located[id(chain[ahead])] = (chain[ahead], reached)
                         break
                 else:
                     return path, _why(anchor, chain[index])
@@ -341,9 +346,20 @@ def _shadowed(cls: type, name: str) -> bool:
 
 
 def _attribute_step(name: Any) -> str:
+    # Attribute names repeat across a model (every block's `.weight`, `.last_out`): a plain
+    # str's step is spelled once.  Any other key is looked up by its own __eq__, never here.
+    if type(name) is str:
+        return _attribute_step_of_str(name)
+    return _spell_attribute(name)
+
+
+def _spell_attribute(name: Any) -> str:
     if _is_identifier(name):
         return f".{name}"
     return f".__dict__[{name!r}]"
+
+
+_attribute_step_of_str = functools.lru_cache(maxsize=4096)(_spell_attribute)
 
 
 def _has_literal(key: Any) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -63,21 +63,14 @@ _Frame = Any
 _Captured = Dict[int, Tuple[_Frame, Any]]
 
 
-class _Met(NamedTuple):
-    tensor: torch.Tensor
-    frames: List[_Frame]
-    """The copy frames the tensor was met under, outermost first."""
-
-
-class _Walk(NamedTuple):
-    walked: List[_Frame]
-    """Copy frames from the caller outward, innermost first (none the walk stopped at)."""
-    hit: Optional[Tuple[_Frame, Any]]
-    """The `captured` entry (frame, owner) the walk stopped at, or None."""
-    outermost: Optional[_Frame]
-    """The outermost root frame walked: the top-level copy so far."""
-    owner: Optional[_Frame]
-    """The module copier frame that copies what `outermost` copies, if any."""
+# One tensor met: (tensor, the copy frames it was met under, outermost first).  Plain tuples,
+# here and in walk()'s answer: a NamedTuple's __new__ is a Python call, once per tensor met.
+_Met = Tuple[torch.Tensor, List[_Frame]]
+# What walk() found: (the copy frames from the caller outward, innermost first, none the walk
+# stopped at; the `captured` entry (frame, owner) it stopped at, or None; the outermost root
+# frame walked, the top-level copy so far; the module copier frame that copies what that
+# outermost frame copies, if any).
+_Walk = Tuple[List[_Frame], Optional[Tuple[_Frame, Any]], Optional[_Frame], Optional[_Frame]]
 
 
 def walk(caller: _Frame, boundary: _Frame, captured: _Captured) -> _Walk:
@@ -104,7 +97,7 @@ def walk(caller: _Frame, boundary: _Frame, captured: _Captured) -> _Walk:
         if key in copy_frames:
             hit = captured.get(id(frame))
             if hit is not None and hit[0] is frame:
-                return _Walk(walked, hit, outermost, owner)
+                return walked, hit, outermost, owner
             back = frame.f_back
             if key in owner_frames and back is not None and back.f_code is deepcopy_code:
                 inner = frame  # deepcopy's own frame, next, copies the same module
@@ -115,7 +108,7 @@ def walk(caller: _Frame, boundary: _Frame, captured: _Captured) -> _Walk:
                     owner = inner if inner is not None and inner.f_back is frame else (
                         frame if key in owner_frames else None)
         frame = frame.f_back
-    return _Walk(walked, None, outermost, owner)
+    return walked, None, outermost, owner
 
 
 def _boundary() -> _Frame:
@@ -126,10 +119,10 @@ def _boundary() -> _Frame:
 def top_level(caller: _Frame) -> Tuple[Optional[_Frame], List[_Frame]]:
     """The root frame of the top-level copy `caller` is part of (None: no copy frame), and the
     copy frames from it in to `caller`, innermost first."""
-    found = walk(caller, _boundary(), {})
+    walked, _, outermost, _ = walk(caller, _boundary(), {})
     # The outermost copy frame walked is a root frame: a copy frame that is not one (the
     # module copier's dict copier) always has a module copier above it, walked or owned.
-    return found.outermost, found.walked
+    return outermost, walked
 
 
 def copied_by(frame: _Frame) -> Any:
@@ -159,7 +152,7 @@ class Tracker:
         chain = walked[::-1]
         if joined is not None:
             chain.insert(0, joined)
-        met = _Met(tensor, chain)
+        met = (tensor, chain)
         self.met.append(met)
         return met
 
@@ -185,8 +178,11 @@ class Tracker:
         locator = Locator(self.root)
         nil = _protocol.NIL
         copied: Dict[int, Any] = {}  # id(frame) -> the object it copies
-        # id(object met) -> the object the copy went through just before it
+        # id(object met) -> the object the copy went through just before it (the first way
+        # met): only asked for on a chain whose start is not yet known, so the chains met
+        # since it was last asked wait in `unlinked` until then.
         up: Dict[int, Tuple[Any, Any]] = {id(self.root): (self.root, None)}
+        unlinked: List[List[Any]] = []
         # id(first frame of a chain) -> the chain of objects it starts, from a located one:
         # the tensors met under one frame (a module's children) share it.
         starts: Dict[int, List[Any]] = {}
@@ -203,25 +199,27 @@ class Tracker:
                     x = copied[id(frame)] = copied_by(frame)
                 chain.append(x)
             chain.append(tensor)
-            for before, obj in zip(chain, chain[1:]):
-                if id(obj) not in up:
-                    up[id(obj)] = (obj, before)
+            unlinked.append(chain)
             start = starts.get(id(frames[0])) if frames else None
-            if start is not None:
-                chain[:1] = start
-            else:
-                head, prefix = chain[0], [chain[0]]
+            if start is None:
+                for seen in unlinked:
+                    for before, obj in zip(seen, seen[1:]):
+                        if id(obj) not in up:
+                            up[id(obj)] = (obj, before)
+                unlinked.clear()
+                head = chain[0]
+                start = [head]
                 while not locator.knows(head):  # met before, but not reachable: go further up
                     link = up.get(id(head))
                     if link is None or link[1] is None:
                         break
                     head = link[1]
-                    prefix.insert(0, head)
+                    start.insert(0, head)
                 if frames:
-                    starts[id(frames[0])] = prefix
-                chain[:1] = prefix
+                    starts[id(frames[0])] = start
             if id(met) not in failed:
-                found.append(Entry(tensor, *locator.locate(chain)))
+                # Entry's own __new__ is a Python call; tuple's makes the same Entry.
+                found.append(tuple.__new__(Entry, (tensor, *locator.locate(start + chain[1:]))))
         return found
 
 
