@@ -111,17 +111,17 @@ class Locator:
         a bounded search from the object reached finds the furthest object of the chain that
         Python access reaches, by the shortest way.
         """
+        anchor = chain[0]
+        if not self.knows(anchor):
+            return "", "met outside the copied object"
         located = self._located
         tables = self._tables
-        anchor = chain[0]
-        known = located.get(id(anchor))
-        if known is None or known[0] is not anchor:
-            return "", "met outside the copied object"
-        path = known[1]
+        path = located[id(anchor)][1]
         last = len(chain) - 1
         index = 1
         while index <= last:
-            # A parent with a table (searched before) is looked up here, without a call.
+            # A parent searched twice has a table (see _step): read here, without a call per
+            # object of the chain tried.
             table = tables.get(id(anchor))
             for ahead in range(last, index - 1, -1):
                 obj = chain[ahead]
@@ -347,7 +347,8 @@ def _shadowed(cls: type, name: str) -> bool:
 
 def _attribute_step(name: Any) -> str:
     # Attribute names repeat across a model (every block's `.weight`, `.last_out`): a plain
-    # str's step is spelled once.  Any other key is looked up by its own __eq__, never here.
+    # str's step is spelled once.  Any other key (a str subclass, an int put in `__dict__`)
+    # is spelled each time: a cache would compare it with its own __eq__ and keep it alive.
     if type(name) is str:
         return _attribute_step_of_str(name)
     return _spell_attribute(name)

@@ -325,6 +325,26 @@ def test_a_private_slot_of_a_class_named_with_underscores_only_is_a_step() -> No
     assert found({"o": obj}) == ["['o'].__x"]
 
 
+class Name(str):
+    """A str subclass: equal to, and hashed as, the plain str of its text."""
+
+    def __repr__(self) -> str:
+        return f"Name({str(self)!r})"
+
+
+def test_attribute_keys_that_are_not_plain_str_are_spelled_by_what_they_are() -> None:
+    """Keys of an instance dict that are not plain str take the uncached way to their step
+    (a cache of steps holds plain str names only): a str subclass that is an identifier is
+    `.u`, also after a plain str attribute `u` was spelled in the same copy, and an int put in
+    `__dict__` is `__dict__[7]`; each path reaches its tensor (`found` resolves them).  That
+    such keys are kept out of the cache is not observable here: it only keeps them alive."""
+    first, second = Holder(with_history()), Holder(with_history())
+    first.u = with_history()
+    second.__dict__[Name("u")] = with_history()
+    second.__dict__[7] = with_history()
+    assert found([first, second]) == ["[0].t", "[0].u", "[1].t", "[1].u", "[1].__dict__[7]"]
+
+
 def test_attribute_names_that_are_not_identifiers_are_spelled_as_dict_keys() -> None:
     """An instance attribute, or a submodule, whose name is not an identifier (`x y`) or is a
     keyword (`class`) is spelled through `__dict__` or `_modules`."""
