@@ -271,9 +271,11 @@ def _empty_hook_dicts(state: Dict[str, Any]) -> FrozenSet[str]:
         values = _hook_dicts(state)
     except KeyError:
         return _NO_NAMES
-    if any(values) or _referents(*values):
-        return _NO_NAMES
-    return _HOOK_NAMES
+    # Only GC referents are asked: an OrderedDict's are its keys, its values and its instance
+    # dict, so an empty one without instance state has none.  Its truth would say no more, and
+    # a value of another type under a hook dict's name (a tensor of two elements has no truth
+    # value) must be asked nothing native deepcopy does not ask.
+    return _NO_NAMES if _referents(*values) else _HOOK_NAMES
 
 
 def _copy_value(key: str, value: Any, memo: Dict[Any, Any], plain_odicts: bool) -> Any:

@@ -427,6 +427,27 @@ def test_a_hook_dict_a_memos_get_fills_during_the_copy_is_copied_as_it_is_then()
     assert list(shim._forward_hooks.values()) == [_hook]
 
 
+class Truthless:
+    """An object whose truth value cannot be asked (as a tensor of two elements)."""
+
+    def __bool__(self) -> bool:
+        raise AssertionError("native deepcopy never asks a state value's truth")
+
+
+@pytest.mark.parametrize("value", [torch.ones(2), Truthless()],
+                         ids=["a tensor of two elements", "an object without a truth value"])
+@pytest.mark.parametrize("name", ["_backward_pre_hooks", "_forward_hooks"])
+def test_what_a_hook_dicts_name_holds_instead_is_never_asked_its_truth(name: str, value: Any) -> None:
+    """A module whose hook dict attribute holds something else is copied as natively: the
+    check that its hook dicts are empty asks no value its truth (a tensor of two elements has
+    none), so the copy neither fails nor runs a `__bool__` native deepcopy does not run."""
+    model = nn.Linear(2, 2)
+    setattr(model, name, value)
+    copied = same_as_native(model)
+    assert type(getattr(copied, name)) is type(value)
+    assert type(copied._forward_pre_hooks) is OrderedDict and not copied._forward_pre_hooks
+
+
 # --- more of the reduction's fields, and keys ------------------------------------------------
 
 

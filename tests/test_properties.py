@@ -119,7 +119,8 @@ def _graph(pool_size: int) -> st.SearchStrategy[Any]:
     )
 
     def extend(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-        names = st.sampled_from(["a", "b", "cache", "hidden"])
+        # "_forward_hooks": a module's own hook dict replaced by whatever the graph puts there.
+        names = st.sampled_from(["a", "b", "cache", "hidden", "_forward_hooks"])
         return st.one_of(
             st.tuples(st.just("list"), st.lists(children, max_size=3)),
             st.tuples(st.just("tuple"), st.lists(children, max_size=3)),
@@ -236,6 +237,7 @@ TRICKY: Dict[str, Tuple[Any, List[TensorSpec]]] = {
                       [HISTORY, TensorSpec("view", 0)]),
     "partial_of_a_bound_method": (("module", {"hook": ("partial", ("tensor", 0))}), [HISTORY]),
     "memo_copy_reached_twice": (("list", [("memo_copy", {"a": ("tensor", 0)}), ("tensor", 0)]), [HISTORY]),
+    "hook_dict_replaced_by_a_tensor": (("module", {"_forward_hooks": ("tensor", 0)}), [HISTORY]),
 }
 
 
