@@ -196,8 +196,19 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
     # may run other code (which could change them).  None: not checked since.
     empty_hooks: Optional[FrozenSet[str]] = None
     ordered_dict = OrderedDict  # a local: read about 12 times per module
+    plain_str, kind_of = str, type  # locals: read once or twice per key
+    # id(key) -> its copy, for the keys deepcopy copies (a str subclass: it is no atom); None
+    # while there are none, as in almost every module.
+    keys_made: Optional[Dict[int, Any]] = None
     for key, value in state.items():
-        kind = type(value)
+        if kind_of(key) is not plain_str and kind_of(key) not in _ATOMIC:
+            # deepcopy copies each key, then its value.  The copy still equals the key (a
+            # dict keeps the key it has for an equal one), so new_state is made again below.
+            if keys_made is None:
+                keys_made = {}
+            keys_made[id(key)] = _deepcopy(key, memo)
+            empty_hooks = None
+        kind = kind_of(value)
         if kind is ordered_dict:
             if empty_hooks is None:
                 empty_hooks = _empty_hook_dicts(state) if plain_odicts else _NO_NAMES
@@ -251,6 +262,8 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
             if copied is _NIL:
                 copied = memo[ident] = make()
         new_state[key] = copied
+    if keys_made is not None:
+        new_state = {keys_made.get(id(key), key): value for key, value in new_state.items()}
     return new_state
 
 

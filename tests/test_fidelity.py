@@ -269,6 +269,25 @@ def test_differ_catches_hook_bound_to_the_source() -> None:
         _planted(source, plant).check()
 
 
+class _Name(str):
+    """A str subclass: deepcopy copies one used as an attribute's name (it is no atom)."""
+
+
+def test_differ_catches_an_attribute_name_shared_with_the_source() -> None:
+    """An instance-dict key that is not a plain str is compared as an object: a copy holding
+    the source's own key object under the right name is caught."""
+    source = Tied()
+    setattr(source, _Name("odd"), [1])
+    GraphDiff(source, copy.deepcopy(source), copy.deepcopy(source)).check()
+
+    def plant(src: Any, c: Any) -> None:
+        value = vars(c).pop("odd")
+        vars(c)[next(k for k in vars(src) if type(k) is _Name)] = value  # the source's key
+
+    with pytest.raises(Mismatch, match=r"<attribute key #.*the source"):
+        _planted(source, plant).check()
+
+
 def test_differ_catches_a_missing_hook() -> None:
     source = Hooked()
     with pytest.raises(Mismatch, match="attributes/items"):

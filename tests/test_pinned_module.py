@@ -492,6 +492,24 @@ def test_keys_of_a_modules_dicts_that_are_no_atoms_are_copied() -> None:
         assert key not in [k for k in source if k is key]
 
 
+@pytest.mark.parametrize("value", ["an atom", "a list", "an empty hook dict"])
+def test_keys_of_a_modules_own_dict_that_are_no_atoms_are_copied(value: str) -> None:
+    """A module's instance dict is deep-copied key by key too: an attribute whose name is a
+    str subclass (setattr keeps it as the key) gets a copy of that name, made before its
+    value, in its place among the attributes; an int key is kept, as natively."""
+    model = nn.Linear(2, 2)
+    name = Name("odd")
+    name.note = ["the key's own state"]  # type: ignore[attr-defined]
+    setattr(model, name, {"an atom": 1, "a list": [2], "an empty hook dict": OrderedDict()}[value])
+    vars(model)[3] = "three"
+    model.after = [4]
+    copied = same_as_native(model)  # the differ compares the keys that are not plain str
+    made = next(k for k in vars(copied) if type(k) is Name)
+    assert made is not name and made == name and made.note == name.note  # type: ignore[attr-defined]
+    assert made.note is not name.note  # type: ignore[attr-defined]
+    assert list(vars(copied)) == list(vars(model))
+
+
 def test_a_copyreg_registration_for_ordered_dict_is_honoured_for_a_hook_dict_of_functions() -> None:
     """A hook dict holding hooks (plain functions) is copied through OrderedDict's copyreg
     registration when there is one, as natively."""

@@ -183,7 +183,10 @@ def _children(obj: Any) -> List[Tuple[str, Any]]:
         out.append(("()", obj()))
     state = getattr(obj, "__dict__", None)
     if isinstance(state, dict) and not isinstance(obj, (type, types.FunctionType)):
-        out.extend((f".{key}", value) for key, value in state.items())
+        for i, (key, value) in enumerate(state.items()):
+            if type(key) is not str:  # a key deepcopy copies (a str subclass) or keeps (an int)
+                out.append((f"<attribute key #{i}>", key))
+            out.append((f".{key}", value))
     for klass in type(obj).__mro__:
         slots = klass.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
