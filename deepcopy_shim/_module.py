@@ -302,8 +302,9 @@ def _copy_value(key: str, value: Any, memo: Dict[Any, Any], plain_odicts: bool) 
                 return copied
     elif kind is set:
         if _plain(set) and _all_atoms(value):
-            # deepcopy reduces a set to set(list(items)): the same atoms
-            return _memoised(value, memo, value.copy)
+            # deepcopy reduces a set to set(list(items)): the same atoms, in a new table filled
+            # in the source's order (a copy of the source's table may iterate differently).
+            return _memoised(value, memo, lambda: set(list(value)))
     return _deepcopy(value, memo)
 
 

@@ -288,6 +288,17 @@ def test_differ_catches_an_attribute_name_shared_with_the_source() -> None:
         _planted(source, plant).check()
 
 
+def test_differ_catches_a_set_that_iterates_in_another_order() -> None:
+    """Equal sets whose tables iterate differently are a difference: a copy of the source's
+    table (`set.copy()`) is not what deepcopy makes (a new set filled in the source's order)."""
+    source = Tied()
+    source.names = set(range(0, 4000, 37)) - set(range(0, 4000, 74)) | {5, 1029, 3001, 17}
+    assert list(source.names) != list(set(list(source.names)))
+    GraphDiff(source, copy.deepcopy(source), copy.deepcopy(source)).check()
+    with pytest.raises(Mismatch, match="set members' order"):
+        _planted(source, lambda s, c: setattr(c, "names", s.names.copy())).check()
+
+
 def test_differ_catches_a_missing_hook() -> None:
     source = Hooked()
     with pytest.raises(Mismatch, match="attributes/items"):

@@ -77,6 +77,32 @@ def test_a_set_of_atoms_shared_by_two_attributes_and_two_modules_stays_one_set()
     assert copied[0].names == names and copied[0].names is not names
 
 
+def _reshuffled_set() -> set:  # type: ignore[type-arg]
+    """A set of ints whose table, after removals and later additions, iterates in an order a
+    set made again from its items does not keep."""
+    names = set(range(0, 4000, 37))
+    names -= set(range(0, 4000, 74))
+    names |= {5, 1029, 3001, 17}
+    assert list(names) != list(set(list(names)))  # else this test would test nothing
+    return names
+
+
+@pytest.mark.parametrize("where", ["an attribute", "_non_persistent_buffers_set"])
+def test_a_set_of_atoms_iterates_in_the_order_native_deepcopy_makes(where: str) -> None:
+    """deepcopy reduces a set to `set(list(items))`: a new table filled in the source's order,
+    not a copy of the source's table.  The copy iterates as native's does (the differ compares
+    the order of set members too)."""
+    model = nn.Linear(2, 2)
+    names = _reshuffled_set()
+    if where == "an attribute":
+        model.names = names
+    else:
+        model._non_persistent_buffers_set = names
+    copied = same_as_native(model)
+    made = copied.names if where == "an attribute" else copied._non_persistent_buffers_set
+    assert list(made) == list(set(list(names))) != list(names)
+
+
 def test_a_hook_dict_of_functions_shared_by_two_modules_stays_one_dict() -> None:
     """A non-empty hook dict of functions met again (two modules holding the same one) is the
     copy memoised the first time, as natively."""

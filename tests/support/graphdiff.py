@@ -102,6 +102,10 @@ class GraphDiff:
                 raise NotImplementedError(f"{path}: sets of objects are not compared")
             if nat != shm:
                 self._fail(path, "set members", nat, shm)
+            # The order a set iterates in depends on how its table was filled (deepcopy fills
+            # a new one from the source's items in order): it is part of the copy too.
+            if list(nat) != list(shm):
+                self._fail(path, "set members' order", list(nat), list(shm))
             return
         nat_children, shm_children = _children(nat), _children(shm)
         nat_labels = [label for label, _ in nat_children]
