@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from support.graphdiff import GraphDiff, native_and_shim
 from support.loose import EqualsEveryClass, EqualsEverything, SuppliesTagged
-from support.models import with_history
+from support.models import Name, reshuffled_set, with_history
 
 import deepcopy_shim
 from deepcopy_shim import _protocol
@@ -77,23 +77,13 @@ def test_a_set_of_atoms_shared_by_two_attributes_and_two_modules_stays_one_set()
     assert copied[0].names == names and copied[0].names is not names
 
 
-def _reshuffled_set() -> set:  # type: ignore[type-arg]
-    """A set of ints whose table, after removals and later additions, iterates in an order a
-    set made again from its items does not keep."""
-    names = set(range(0, 4000, 37))
-    names -= set(range(0, 4000, 74))
-    names |= {5, 1029, 3001, 17}
-    assert list(names) != list(set(list(names)))  # else this test would test nothing
-    return names
-
-
 @pytest.mark.parametrize("where", ["an attribute", "_non_persistent_buffers_set"])
 def test_a_set_of_atoms_iterates_in_the_order_native_deepcopy_makes(where: str) -> None:
     """deepcopy reduces a set to `set(list(items))`: a new table filled in the source's order,
     not a copy of the source's table.  The copy iterates as native's does (the differ compares
     the order of set members too)."""
     model = nn.Linear(2, 2)
-    names = _reshuffled_set()
+    names = reshuffled_set()
     if where == "an attribute":
         model.names = names
     else:
@@ -498,10 +488,6 @@ def test_a_module_made_from_getnewargs_is_made_with_them() -> None:
     module = MadeWithArguments(2, 2)
     same_as_native(module)
     assert MadeWithArguments.made == [(2, 2), ("for the copy",), ("for the copy",)]
-
-
-class Name(str):
-    """A str subclass: deepcopy copies one (it is no atom) instead of keeping it."""
 
 
 def test_keys_of_a_modules_dicts_that_are_no_atoms_are_copied() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
-from typing import Any, Dict
+from typing import Any, Dict, Set
 
 import pytest
 import torch
@@ -106,3 +106,18 @@ def resolve(root: Any, path: str) -> Any:
     if not path:
         return root
     return eval("root" + ("" if path.startswith("[") else ".") + path, {"root": root})
+
+
+class Name(str):
+    """A str subclass: deepcopy copies one (it is no atom) instead of keeping it, as a key or
+    an attribute's name too."""
+
+
+def reshuffled_set() -> Set[int]:
+    """A set of ints whose table, after removals and later additions, iterates in an order that
+    a set made again from its items (what deepcopy makes) does not keep."""
+    names = set(range(0, 4000, 37))
+    names -= set(range(0, 4000, 74))
+    names |= {5, 1029, 3001, 17}
+    assert list(names) != list(set(list(names)))  # else the tests using it would test nothing
+    return names
