@@ -190,7 +190,7 @@ class Locator:
                 if state is not None:
                     for name, value in state.items():
                         if value is child:
-                            return (_ATTR, name)
+                            return (_FIELD, name)
                 # The other members, gathered as they are scanned: a search that goes through
                 # them all without finding the child leaves the parent's table made.
                 others: List[Tuple[Any, _Raw]] = []
@@ -202,7 +202,7 @@ class Locator:
                 table = {}
                 if state is not None:
                     for name, value in state.items():
-                        table.setdefault(id(value), (_ATTR, name))
+                        table.setdefault(id(value), (_FIELD, name))
                 for member, raw in others:
                     table.setdefault(id(member), raw)
                 self._tables[key] = table
@@ -217,7 +217,8 @@ class Locator:
 # A step before it is spelled: (kind, name or key or index[, store, position]).  Spelling every
 # member of every parent searched would cost more than the search; only steps taken are spelled.
 _Raw = Tuple[Any, ...]
-_ATTR, _ITEM, _INDEX, _MEMBER = range(4)
+# _FIELD: an entry of the instance dict, read as an attribute unless the class shadows it.
+_ATTR, _ITEM, _INDEX, _MEMBER, _FIELD = range(5)
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 # The bounded search of Locator._reachable: deep enough for the containers a __getstate__
 # builds around a class's own objects, small enough to cost nothing beside the copy.
@@ -266,7 +267,7 @@ def _members(obj: Any, with_attributes: bool = True) -> Iterator[Tuple[Any, _Raw
     state = existing_instance_dict(obj)
     if with_attributes and state is not None:
         for name, value in state.items():
-            yield value, (_ATTR, name)
+            yield value, (_FIELD, name)
     if isinstance(obj, _Module):
         for store in _MODULE_STORES:
             members = state.get(store) if state is not None else None
@@ -317,6 +318,13 @@ def _members(obj: Any, with_attributes: bool = True) -> Iterator[Tuple[Any, _Raw
 def _spell(parent: Any, raw: _Raw) -> Optional[str]:
     """The step as Python source, or None when it has none (a key without a literal)."""
     kind = raw[0]
+    if kind == _FIELD:
+        name = raw[1]
+        if type(name) is str and _data_descriptor(type(parent), name):
+            # A data descriptor of the class (a property) wins over the instance dict: `.name`
+            # would read the property, not the object.
+            return f".__dict__[{name!r}]"
+        return _attribute_step(name)
     if kind == _ATTR:
         return _attribute_step(raw[1])
     if kind == _ITEM:
@@ -343,6 +351,20 @@ def _is_identifier(name: Any) -> bool:
 def _shadowed(cls: type, name: str) -> bool:
     # A class attribute (a property, a method) of that name wins over nn.Module.__getattr__.
     return any(name in klass.__dict__ for klass in cls.__mro__)
+
+
+def _data_descriptor(cls: type, name: str) -> bool:
+    """True if attribute lookup on an instance of `cls` finds `name` in the class first: a class
+    attribute with `__set__` or `__delete__` (a property, a slot) wins over the instance dict."""
+    for klass in cls.__mro__:
+        attribute = klass.__dict__.get(name, _ABSENT)
+        if attribute is not _ABSENT:
+            kind = type(attribute)
+            return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+    return False
+
+
+_ABSENT = object()
 
 
 def _attribute_step(name: Any) -> str:

@@ -173,12 +173,12 @@ class enabled:
 
     def _enter(self, boundary: Any) -> None:
         if self._setting is not None:
-            _patch.acquire()
+            _patch.acquire(here=True)
         try:
             _modes.push_scope(self, self._setting, boundary)
         except BaseException:  # pragma: no cover - pushing a scope allocates one object
             if self._setting is not None:
-                _patch.release()
+                _patch.release(here=True)
             raise
 
     def stop(self) -> None:
@@ -191,7 +191,7 @@ class enabled:
             _scope_ended(left.boundary)
         finally:
             if left.setting is not None:
-                _patch.release()
+                _patch.release(here=True)
 
     def __enter__(self) -> enabled:
         self._enter(sys._getframe(1))
@@ -307,7 +307,7 @@ def deepcopy(obj: _T, mode: ModeLike = "warn") -> _T:
         "deepcopy_shim.deepcopy(obj, mode={!r})")
     owner = object()
     if setting is not None:
-        _patch.acquire()
+        _patch.acquire(here=True)
     try:
         # This frame is the scope's boundary: nothing it names may hold the scope (a cycle
         # through the frame would keep the whole memo alive until the garbage collector runs).
@@ -319,7 +319,7 @@ def deepcopy(obj: _T, mode: ModeLike = "warn") -> _T:
             _scope_ended(_modes.pop_scope(owner).boundary)
     finally:
         if setting is not None:
-            _patch.release()
+            _patch.release(here=True)
 
 
 def find_nonleaf_tensors(obj: Any) -> List[Tuple[str, torch.Tensor]]:

@@ -97,12 +97,13 @@ class NonLeafTensorError(RuntimeError):
         self.mode = mode
         self._report: Optional[Tuple[str, Tuple[str, ...], Tuple[Any, ...]]] = (
             message, tuple(paths), tuple(tensors))
-        self._make: Optional[Callable[[], Tuple[str, List[str], List[Any]]]] = None
+        self._make: Optional[Callable[[], Tuple[str, List[str], List[Any], bool]]] = None
         self._lock = threading.Lock()
 
     @classmethod
-    def _deferred(cls, make: Callable[[], Tuple[str, List[str], List[Any]]]) -> NonLeafTensorError:
-        """An error whose message, paths and tensors `make()` returns when first read."""
+    def _deferred(cls, make: Callable[[], Tuple[str, List[str], List[Any], bool]]) -> NonLeafTensorError:
+        """An error whose message, paths and tensors `make()` returns when read: kept from the
+        first answer `make()` calls final, asked again at each read until then."""
         error = cls("", paths=(), mode=Mode.STRICT)
         error._report = None
         error._make = make
@@ -110,12 +111,20 @@ class NonLeafTensorError(RuntimeError):
 
     def _resolved(self) -> Tuple[str, Tuple[str, ...], Tuple[Any, ...]]:
         with self._lock:
-            if self._report is None:
-                assert self._make is not None
-                message, paths, tensors = self._make()
-                self._report = (message, tuple(paths), tuple(tensors))
-                self._make = None
-            return self._report
+            if self._report is not None:
+                return self._report
+            assert self._make is not None
+            make = self._make
+        # Made outside the lock: another thread (or this one, from inside what make() runs)
+        # reading the same error meanwhile makes its own answer instead of waiting.
+        message, paths, tensors, final = make()
+        report = (message, tuple(paths), tuple(tensors))
+        if final:
+            with self._lock:
+                if self._report is None:
+                    self._report, self._make = report, None
+                return self._report
+        return report
 
     @property
     def paths(self) -> Tuple[str, ...]:
@@ -153,9 +162,11 @@ def _rebuild_refusal(message: str, paths: Tuple[str, ...], mode: Mode) -> NonLea
 class DetachedCopyError(RuntimeError):
     """torch could not copy the detached twin of a tensor with autograd history.
 
-    Raised instead of torch's "graph leaves" refusal when the shim's own copy fails (a tensor
-    subclass that torch cannot deep-copy even as a leaf, for instance); torch's error is the
-    `__cause__`.  `path` names the tensor as in `NonLeafTensorError`.
+    Raised instead of torch's "graph leaves" refusal when torch's own code fails on the shim's
+    copy (a tensor subclass that torch cannot deep-copy even as a leaf, for instance); torch's
+    error is the `__cause__`.  An error raised by other code on the way (a `__deepcopy__` of a
+    value in the tensor's dict) is not wrapped: it arrives unchanged, as natively.  `path`
+    names the tensor as in `NonLeafTensorError`.
     """
 
     __module__ = "deepcopy_shim"

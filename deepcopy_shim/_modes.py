@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import os
 import sys
 import threading
 import weakref
@@ -259,6 +260,16 @@ current_scope: Callable[[], Optional[Scope]] = _scoped.get
 def global_setting() -> Optional[ModeSetting]:
     """The process-wide setting made by `enable()` and the doors that call it."""
     return _global
+
+
+def _new_lock_after_fork() -> None:
+    # In a forked child another thread, gone there, may have held it at the fork.
+    global _global_lock
+    _global_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def swap_global(setting: Optional[ModeSetting]) -> Optional[ModeSetting]:

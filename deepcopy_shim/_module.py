@@ -13,7 +13,7 @@ import torch
 
 from . import _modes, _record
 from ._protocol import ATOMIC_TYPES as _ATOMIC  # skipping deepcopy for these is exact
-from ._protocol import COPY_FRAMES, OWNER_FRAMES, ROOT_FRAMES, atoms_are_atomic, keep_alive, reconstruct
+from ._protocol import COPY_FRAMES, OWNER_FRAMES, ROOT_FRAMES, dispatch_is_copys_own, keep_alive, reconstruct
 from ._protocol import DEEPCOPY as _deepcopy
 from ._protocol import DEEPCOPY_ATOMIC as _DEEPCOPY_ATOMIC
 from ._protocol import DISPATCH as _DEEPCOPY_DISPATCH
@@ -37,6 +37,7 @@ _MODULE_BASICSIZE = torch.nn.Module.__basicsize__
 _OBJECT_REDUCE_EX = object.__reduce_ex__
 _OBJECT_REDUCE = object.__reduce__
 _NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]
+_current_setting = _modes.current_setting
 
 
 class ModuleDeepcopy:
@@ -49,7 +50,10 @@ class ModuleDeepcopy:
       which this descriptor would otherwise shadow, is returned as Python returns it: bound
       if it is a descriptor, as it is if not (a callable object), `None` if it is `None`
       (native deepcopy then reduces the object);
-    - on the class, nothing else: `AttributeError`, so that `hasattr(cls, "__deepcopy__")`
+    - on the class, and on an instance in a thread or task where no mode applies, nothing
+      else: `AttributeError`, so that `hasattr`, `getattr` with a default and `super()`
+      answer what they answer without the shim (and deepcopy reduces the module natively).
+      `hasattr(cls, "__deepcopy__")`
       is what it is without the shim.  `torch.nn.utils.parametrize` only gives its dynamic
       classes a `__deepcopy__` of their own when that check is False; a module parametrized
       while the shim is installed must still copy after the shim is removed;
@@ -67,7 +71,11 @@ class ModuleDeepcopy:
             value = found[0]
             binder = getattr(type(value), "__get__", None)
             return value if binder is None else binder(value, instance, cls)
-        if instance is None:
+        if instance is None or _current_setting() is None:
+            # On the class, and wherever no mode applies, the descriptor is not there: Python's
+            # own lookup goes on to the class's __getattr__ (nn.Module's raises), so hasattr,
+            # getattr with a default and super() answer as natively, and deepcopy reduces the
+            # module through copy._reconstruct itself.
             raise AttributeError("__deepcopy__")
         # Without this descriptor, deepcopy's getattr(x, "__deepcopy__") would end in the
         # class's __getattr__; a wrapper that forwards unknown names (torch.compile's
@@ -147,8 +155,8 @@ def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
 def _is_plain_reduction(rv: Any, cls: Any) -> bool:
     """True if `rv`, the reduction of an instance of `cls`, is one the fast path rebuilds:
     object's own `(copyreg.__newobj__, (cls,), state dict, None, None)` of a class that keeps
-    nn.Module's copy protocol, in a copy made in one of the shim's modes, while deepcopy's own
-    copiers for atoms and tuples are in place."""
+    nn.Module's copy protocol, while deepcopy's own copiers for atoms, tuples and dicts are in
+    place.  (Where no mode applies, the descriptor is not found and this copier never runs.)"""
     return (
         type(rv) is tuple
         and len(rv) == 5
@@ -167,9 +175,9 @@ def _is_plain_reduction(rv: Any, cls: Any) -> bool:
         # Slots would add storage beyond nn.Module's layout (native drops them; so would we,
         # but a class with slots is one this path does not claim to understand).
         and cls.__basicsize__ == _MODULE_BASICSIZE
-        # The shortcuts keep atoms and tuples of atoms as deepcopy's own copiers do.
-        and atoms_are_atomic()
-        and _modes.current_setting() is not None
+        # The shortcuts keep atoms and tuples of atoms, and copy dicts, as deepcopy's own
+        # copiers do.
+        and dispatch_is_copys_own()
     )
 
 

@@ -20,19 +20,22 @@ native behaviour even while the patch is installed.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ._errors import PatchConflictWarning, TorchCompatibilityWarning
 from ._notices import notify, warn_in_user_code
 
 __all__ = ["acquire", "holding", "inert_reason", "release", "state"]
 
-# Guards the four variables below.  Held only for reads, counts and attribute writes: never
+# Guards the five variables below.  Held only for reads, counts and attribute writes: never
 # while importing or warning (warning filters and showwarning hooks run arbitrary code).
 _lock = threading.Lock()
 _users = 0
+# thread id -> how many of `_users` are that thread's own (scopes it is in): see acquire().
+_users_here: Dict[int, int] = {}
 _installed: Optional[_Patch] = None
 _hook_registered = False
 # Why the patch stays out of the way in this process (torch no longer refuses the way the shim
@@ -106,34 +109,41 @@ def state() -> str:
     return "off"
 
 
-def acquire() -> None:
-    """Count one more user, then install now if torch is imported, else when it is.
+def acquire(here: bool = False) -> None:
+    """Count one more user, then install now if torch is imported, else when it is.  `here`:
+    a user of this thread only (a scope, which this thread leaves), which a forked child,
+    where only this thread lives on, forgets for every other thread.
 
     Raises `RuntimeError` if the patch cannot be installed; the user is then not counted.
     """
     global _users
     with _lock:
         _users += 1
+        if here:
+            ident = threading.get_ident()
+            _users_here[ident] = _users_here.get(ident, 0) + 1
     try:
         _sync()
     except BaseException:
-        release()
+        release(here)
         raise
 
 
 class holding:
-    """A context manager that counts one user of the patch while it is entered: what a strict
-    refusal read after its copy ended needs to survey that copy (see `_refusal`)."""
+    """A context manager that counts one user of the patch in this thread while it is
+    entered: what a strict refusal read after its copy ended needs to survey that copy (see
+    `_refusal`)."""
 
     def __enter__(self) -> None:
-        acquire()
+        acquire(here=True)
 
     def __exit__(self, *exc: Any) -> None:
-        release()
+        release(here=True)
 
 
-def release() -> None:
-    """Count one user less; the last one removes the patch.
+def release(here: bool = False) -> None:
+    """Count one user less (`here`: one that `acquire(here=True)` counted in this thread); the
+    last one removes the patch.
 
     Raises `RuntimeError` without a matching `acquire()`.
     """
@@ -142,7 +152,31 @@ def release() -> None:
         if _users <= 0:
             raise RuntimeError("deepcopy_shim: release() without a matching acquire()")
         _users -= 1
+        if here:
+            ident = threading.get_ident()
+            left = _users_here.get(ident, 0) - 1
+            if left > 0:
+                _users_here[ident] = left
+            else:
+                _users_here.pop(ident, None)
     _sync()
+
+
+def _forget_other_threads() -> None:
+    """In a forked child: only the thread that forked lives on.  The scopes other threads had
+    entered will never be left, so their users are forgotten (the patch is then removed by the
+    next `disable()`, scope end or copy's release that leaves no user), and the lock, which one
+    of them may have held at the fork, is made anew."""
+    global _lock, _users, _users_here
+    _lock = threading.Lock()
+    ident = threading.get_ident()
+    mine = _users_here.get(ident, 0)
+    _users -= sum(_users_here.values()) - mine
+    _users_here = {ident: mine} if mine else {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_other_threads)
 
 
 def _sync() -> None:

@@ -27,7 +27,7 @@ __all__ = [
     "OWNER_FRAMES",
     "ROOT_FRAMES",
     "X_LOCAL",
-    "atoms_are_atomic",
+    "dispatch_is_copys_own",
     "keep_alive",
     "own_get",
     "own_set",
@@ -96,27 +96,31 @@ def _measure_keep_alive_depth() -> Optional[int]:
 KEEP_ALIVE_DEPTH: Optional[int] = _measure_keep_alive_depth()
 
 # deepcopy returns these unchanged and never memoises them, and a tuple of them is its own copy,
-# as long as its dispatch table holds its own copiers for them (see `atoms_are_atomic`).
+# as long as its dispatch table holds its own copiers for them (see `dispatch_is_copys_own`).
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 ATOMIC_TYPES = frozenset(_ATOMS)
 _copiers_of_atoms = operator.itemgetter(*_ATOMS)
 _TUPLE_COPIER: Callable[..., Any] = copy._deepcopy_tuple  # type: ignore[attr-defined]
+_DICT_COPIER: Callable[..., Any] = copy._deepcopy_dict  # type: ignore[attr-defined]
 
 
-def atoms_are_atomic() -> bool:
+def dispatch_is_copys_own() -> bool:
     """True while deepcopy's dispatch table copies every type of `ATOMIC_TYPES` with its own
-    atomic copier, and tuples with its own tuple copier: only then is an atom, or a tuple of
-    atoms, its own copy (a copier registered in their place is what deepcopy calls).
-    Compared by identity: a copier may compare equal to anything."""
+    atomic copier, tuples with its own tuple copier and dicts with its own dict copier: only
+    then is an atom, or a tuple of atoms, its own copy, and a dict copied item by item (a
+    copier registered in their place is what deepcopy calls, and the shim's module copier then
+    leaves every call to deepcopy).  Compared by identity: a copier may compare equal to
+    anything."""
     try:
         none, bool_, int_, float_, complex_, str_, bytes_ = _copiers_of_atoms(DISPATCH)
         tuple_ = DISPATCH[tuple]
+        dict_ = DISPATCH[dict]
     except KeyError:  # an entry removed: deepcopy reduces such objects
         return False
     atomic = DEEPCOPY_ATOMIC
     return (none is atomic and bool_ is atomic and int_ is atomic and float_ is atomic
             and complex_ is atomic and str_ is atomic and bytes_ is atomic
-            and tuple_ is _TUPLE_COPIER)
+            and tuple_ is _TUPLE_COPIER and dict_ is _DICT_COPIER)
 
 # A sentinel no memo value can be, as deepcopy's own `_nil`.
 NIL: Any = []

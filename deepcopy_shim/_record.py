@@ -46,6 +46,7 @@ __all__ = [
     "OWNED",
     "Tracker",
     "copied_by",
+    "copy_running",
     "module_copy_ended",
     "open_records",
     "path_here",
@@ -123,6 +124,16 @@ def top_level(caller: _Frame) -> Tuple[Optional[_Frame], List[_Frame]]:
     # The outermost copy frame walked is a root frame: a copy frame that is not one (the
     # module copier's dict copier) always has a module copier above it, walked or owned.
     return outermost, walked
+
+
+def copy_running(frame: Optional[_Frame]) -> bool:
+    """True if a copy frame (see `_protocol.COPY_FRAMES`) is `frame` or one of its callers."""
+    copy_frames = _protocol.COPY_FRAMES
+    while frame is not None:
+        if id(frame.f_code) in copy_frames:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def copied_by(frame: _Frame) -> Any:
@@ -287,14 +298,18 @@ class CopyRecord(Tracker):
 
 
 class _KeepAlive(list):  # type: ignore[type-arg]
-    """A memo's keep-alive list while records whose root that memo copies are open: the
-    append deepcopy makes for a record's root, from the root's own frame, finishes it."""
+    """Stands in a memo for its keep-alive list while records whose root that memo copies are
+    open: the append deepcopy makes for a record's root, from the root's own frame, finishes
+    it.  It holds nothing itself: every append goes on to the memo's own list (`kept`), which
+    goes back in its place, the very same list, when the last of those records ends.  So
+    hooking a memo shared by many copies costs the same however much it keeps alive."""
 
-    __slots__ = ("records",)
+    __slots__ = ("records", "kept")
     records: List[CopyRecord]
+    kept: List[Any]
 
     def append(self, obj: Any) -> None:
-        list.append(self, obj)
+        self.kept.append(obj)
         for record in self.records:
             if obj is record.root and sys._getframe(_KEEP_ALIVE_DEPTH) is record.root_frame:
                 record.finish()
@@ -319,9 +334,25 @@ def _hook(memo: Any, record: CopyRecord) -> None:
     if type(keep) is _KeepAlive:
         keep.records.append(record)
         return
-    hooked = _KeepAlive(keep or ())
+    hooked = _KeepAlive()
     hooked.records = [record]
+    # The memo's own list, or the one deepcopy would have made on its first keep-alive.
+    hooked.kept = keep if type(keep) is list else [] if keep is None else _Foreign(keep)
     _protocol.own_set(memo, id(memo), hooked)
+
+
+class _Foreign(list):  # type: ignore[type-arg]
+    """A keep-alive entry that is not a plain list (someone else's object): appends go to it
+    as they would without the hook, and it goes back in its place."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: Any) -> None:
+        super().__init__()
+        self.target = target
+
+    def append(self, obj: Any) -> None:
+        self.target.append(obj)
 
 
 def _unhook(memo: Any, record: CopyRecord) -> None:
@@ -330,8 +361,9 @@ def _unhook(memo: Any, record: CopyRecord) -> None:
         return
     if record in keep.records:
         keep.records.remove(record)
-    if not keep.records:  # give the memo back its plain list, with everything it keeps alive
-        _protocol.own_set(memo, id(memo), list(keep))
+    if not keep.records:  # give the memo back its own list, with everything it keeps alive
+        kept = keep.kept
+        _protocol.own_set(memo, id(memo), kept.target if type(kept) is _Foreign else kept)
 
 
 # id(root module) -> how many open records (in all threads) its module copier finishes as

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_LISTED",
     "describe_tensor",
+    "READ_INSIDE_A_COPY",
     "detached_copy_failure",
     "detached_warning",
     "note_untested_torch_once",
@@ -38,11 +39,25 @@ def describe_tensor(tensor: torch.Tensor) -> str:
     grad_fn = tensor.grad_fn
     text = (
         f"grad_fn={type(grad_fn).__name__ if grad_fn is not None else None}, "
-        f"shape={tuple(tensor.shape)}, dtype={tensor.dtype}"
+        f"shape={_shape(tensor)}, dtype={tensor.dtype}"
     )
     if tensor.device.type != "cpu":
         text += f", device={tensor.device}"
     return text
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    """`(4, 8)`; a nested tensor has no single shape (torch raises for its sizes): `nested,
+    2 tensors`; any other kind whose sizes torch will not give: its layout."""
+    if getattr(tensor, "is_nested", False):
+        try:
+            return f"nested, {tensor.size(0)} tensors"
+        except Exception:
+            return "nested"
+    try:
+        return str(tuple(tensor.shape))
+    except Exception:
+        return f"unknown ({tensor.layout})"
 
 
 def detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) -> str:
@@ -60,11 +75,16 @@ def detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) 
     ])
 
 
+# strict_refusal's `incomplete` when the refusal is read inside a copy (see `_refusal`).
+READ_INSIDE_A_COPY = "read inside a copy"
+
+
 def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
                    incomplete: Optional[str] = None, torch_words: Optional[str] = None) -> str:
     """Mode strict: the copy of `root` would meet `entries`, so it is refused.
 
-    `incomplete` says why the list may be short (the copy could not be followed to its end);
+    `incomplete` says why the list may be short (the copy could not be followed to its end, or
+    `READ_INSIDE_A_COPY`: it was not followed, being read while a copy runs);
     `torch_words` is torch's own refusal, kept whole on the last line so that code that looks
     for torch's words ("graph leaves") in the message still finds them.
     """
@@ -78,7 +98,14 @@ def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
         f"deepcopy_shim: refused to copy {a_name_of(root)} holding {_tensors(count)} with autograd history:",
         *_listing(entries, "all are in the error's .paths"),
     ]
-    if incomplete is not None:
+    if incomplete is READ_INSIDE_A_COPY:
+        lines.append(_fill(
+            "The list may be incomplete: it was read while a copy is still running in this "
+            "thread, where following the rest of the copy would call its copy methods again. "
+            "Read this error again once the copy is over, or call "
+            "deepcopy_shim.find_nonleaf_tensors(obj) then, for every tensor it would meet."
+        ))
+    elif incomplete is not None:
         lines.append(_fill(
             "The list may be incomplete: the rest of the copy could not be followed without "
             f"copying it ({incomplete})."

@@ -9,7 +9,8 @@ follows the copy's own protocol, but no tensor's data is copied and none is allo
 survey's copy is discarded.
 
 The stand-ins come from the survey's memo, which deepcopy asks first for every object (so
-`nn.Parameter` and tensor subclasses with a `__deepcopy__` of their own get one too), and,
+`nn.Parameter` gets one too; a tensor subclass with a `__deepcopy__` of its own is copied by
+it, as in the copy, so that what it copies beside the data is surveyed), and,
 for a copy a custom `__deepcopy__` starts with a fresh memo, from the tensor patch.  Scopes
 entered during the survey keep their modes (a strict one still refuses) but copy nothing
 either and say nothing.
@@ -106,7 +107,7 @@ class Survey:
 
     def copy_value(self, value: Any, memo: Any) -> Any:
         """`copy.deepcopy(value, memo)` for a value of a module's `_parameters`."""
-        if isinstance(value, _Tensor):
+        if isinstance(value, _Tensor) and _stands_in(type(value)):
             scope = _modes.current_scope()
             if scope is not None:
                 return self.copy_tensor(value, memo, sys._getframe(1), scope)
@@ -143,6 +144,18 @@ def _stand_in(tensor: _Tensor) -> Any:
     return twin
 
 
+def _stands_in(cls: type) -> bool:
+    """True if a tensor of class `cls` is answered with a stand-in: its `__deepcopy__` is
+    torch's (`Tensor`'s, or `nn.Parameter`'s, which copies only the data and
+    `requires_grad`).  A subclass's own `__deepcopy__` may copy more (a metadata dict holding
+    tensors): the survey calls it, as the copy does, so what it copies is surveyed too."""
+    own = getattr(cls, "__deepcopy__", None)
+    return own is _Tensor.__deepcopy__ or own is _PARAMETER_DEEPCOPY
+
+
+_PARAMETER_DEEPCOPY = vars(_Parameter).get("__deepcopy__")
+
+
 class _AnswersWithStandIns:
     """The survey's memo: deepcopy asks it first for every object it copies (`memo.get(id(x))`);
     for a tensor the answer, unless the memo has one of its own, is the tensor's stand-in."""
@@ -154,7 +167,7 @@ class _AnswersWithStandIns:
         frame = sys._getframe(1)
         if frame.f_code is _protocol.DEEPCOPY_CODE:
             obj = frame.f_locals.get(_protocol.X_LOCAL, _protocol.NIL)
-            if id(obj) == key and isinstance(obj, _Tensor):
+            if id(obj) == key and isinstance(obj, _Tensor) and _stands_in(type(obj)):
                 scope = _modes.current_scope()
                 if scope is not None and scope.survey is not None:
                     return scope.survey.copy_tensor(obj, self, frame, scope)

@@ -1040,8 +1040,8 @@ def _counting_copier(calls: List[Any], copier: Any) -> Any:
     return counted
 
 
-@pytest.mark.parametrize("kind", [int, bool, float, str, type(None), tuple])
-def test_a_copier_registered_for_atoms_or_tuples_is_called_as_natively(
+@pytest.mark.parametrize("kind", [int, bool, float, str, type(None), tuple, dict])
+def test_a_copier_registered_for_atoms_tuples_or_dicts_is_called_as_natively(
         kind: type, monkeypatch: pytest.MonkeyPatch) -> None:
     """A copier put in deepcopy's dispatch table for an atom's type or for tuples is what
     deepcopy calls for each such value of a module's state (`in_features`, `training`, `eps`,
@@ -1060,17 +1060,17 @@ def test_a_copier_registered_for_atoms_or_tuples_is_called_as_natively(
     GraphDiff(model, native, shim).check()
 
 
-def test_atoms_are_atomic_only_while_every_entry_is_deepcopys_own(
+def test_dispatch_is_copys_own_only_while_every_entry_is_deepcopys_own(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The check the shortcuts rely on: False for any entry replaced (even by a copier equal to
     deepcopy's own) or removed (deepcopy then reduces such values; natively that recurses)."""
     dispatch = copy._deepcopy_dispatch  # type: ignore[attr-defined]
-    assert _protocol.atoms_are_atomic()
-    for kind in (*_protocol.ATOMIC_TYPES, tuple):
+    assert _protocol.dispatch_is_copys_own()
+    for kind in (*_protocol.ATOMIC_TYPES, tuple, dict):
         with monkeypatch.context() as patch:
             patch.setitem(dispatch, kind, _EqualToEverything())
-            assert not _protocol.atoms_are_atomic()
+            assert not _protocol.dispatch_is_copys_own()
         with monkeypatch.context() as patch:
             patch.delitem(dispatch, kind)
-            assert not _protocol.atoms_are_atomic()
-    assert _protocol.atoms_are_atomic()
+            assert not _protocol.dispatch_is_copys_own()
+    assert _protocol.dispatch_is_copys_own()
