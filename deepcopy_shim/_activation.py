@@ -273,10 +273,12 @@ enabled.__module__ = "deepcopy_shim"
 
 
 def _scope_ended(boundary: Any) -> None:
-    # Records exist only once the patch has copied something (torch imported).
+    # Records exist only once the patch has copied something (torch imported).  The error
+    # being handled, if any (the scope ends with it, or inside an `except` of it), holds the
+    # frames of a copy that failed: the record of that copy finds its memo there.
     record = sys.modules.get("deepcopy_shim._record")
     if record is not None:
-        record.scope_ended(boundary)
+        record.scope_ended(boundary, sys.exc_info()[2])
 
 
 def scope(mode: ModeLike, source: Source, template: str) -> enabled:

@@ -27,7 +27,7 @@ from . import _protocol, _report, _survey
 from ._access import Entry
 from ._errors import NonLeafTensorError
 from ._modes import Mode, ModeSetting
-from ._record import Tracker, copied_by, copy_running, top_level
+from ._record import Tracker, copied_by, copy_running, steps, top_level
 
 __all__ = ["refuse"]
 
@@ -133,7 +133,7 @@ def refuse(tensor: torch.Tensor, caller: Any, setting: ModeSetting, error: Runti
         entries, problem = ([], _report.READ_INSIDE_A_COPY) if inside else refused.found()
         if not any(e.tensor is tensor for e in entries):
             own = Tracker(copied_by(root_frame))
-            own.add(tensor, walked, None)
+            own.add(tensor, steps(walked), None)
             entries = [*own.entries(), *entries]
             problem = problem or "the survey of the copy did not meet this tensor"
         message = _report.strict_refusal(copied_by(root_frame), setting, entries, problem, torch_words)

@@ -30,7 +30,7 @@ from . import _modes, _protocol
 from ._access import Entry, existing_instance_dict
 from ._errors import NonLeafTensorError
 from ._modes import Mode, ModeSetting, Source
-from ._record import Tracker, walk
+from ._record import Tracker, steps, walk
 
 __all__ = ["Survey", "dry_memo", "run"]
 
@@ -56,7 +56,7 @@ class Survey:
     def __init__(self, root: Any) -> None:
         self.tracker = Tracker(root)
         self.scope: Optional[_modes.Scope] = None
-        self.captured: Dict[int, Tuple[Any, Any]] = {}
+        self.captured: Dict[int, Tuple[Any, Any, Any]] = {}
 
     def copy_tensor(self, tensor: _Tensor, memo: Any, caller: Any, scope: _modes.Scope) -> Any:
         """The stand-in copy of `tensor` (called by the frame `caller`), memoised in `memo`,
@@ -116,9 +116,10 @@ class Survey:
     def _meet(self, tensor: _Tensor, caller: Any) -> None:
         assert self.scope is not None
         walked, hit, _, _ = walk(caller, self.scope.boundary, self.captured)
-        for frame in walked:
-            self.captured[id(frame)] = (frame, self)
-        self.tracker.add(tensor, walked, hit[0] if hit is not None else None)
+        taken = steps(walked)
+        for frame, (key, x) in zip(walked, taken):
+            self.captured[key] = (frame.f_code, x, self)
+        self.tracker.add(tensor, taken, (id(hit[0]), hit[1][1]) if hit is not None else None)
 
 
 def _stand_in(tensor: _Tensor) -> Any:

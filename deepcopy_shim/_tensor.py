@@ -294,7 +294,7 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
             if grad is not None:  # a retained grad the twin did not take: copied after it
                 result.grad = grad.__deepcopy__(memo)  # type: ignore[no-untyped-call]
     except Exception:
-        _detached_copy_failed(record, met, tensor, caller)
+        _detached_copy_failed(record, met, tensor, memo, caller)
         raise  # not torch's failure: the error of the user's code, unchanged
     memo[id(tensor)] = result
     if tensor.requires_grad:
@@ -305,7 +305,7 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
 
 
 def _detached_copy_failed(record: Optional[_record.CopyRecord], met: Any, tensor: torch.Tensor,
-                          caller: Any) -> None:
+                          memo: Dict[Any, Any], caller: Any) -> None:
     """The detached copy of `tensor` raised (the exception being handled): nothing was
     detached.  If torch itself failed (its own code raised), raise `DetachedCopyError` naming
     the tensor, with torch's error as its cause; else return, and the caller re-raises the
@@ -314,7 +314,7 @@ def _detached_copy_failed(record: Optional[_record.CopyRecord], met: Any, tensor
     if record is not None and met is not None:
         record.forget(met)
         if record.immediate or record.root is tensor:  # the copy that failed was its own
-            record.discard()
+            record.discard(memo)
     if not _raised_in_torch(sys.exc_info()[2]):
         return
     path = _record.path_here(tensor, caller)

@@ -24,7 +24,7 @@ from support.graphdiff import GraphDiff
 from support.models import CachedActivationsNet, resolve, with_history
 
 import deepcopy_shim
-from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError
+from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError, _record
 
 pytestmark = pytest.mark.filterwarnings("default::deepcopy_shim.DeepcopyShimWarning")
 
@@ -239,10 +239,19 @@ class Raises:
 @pytest.mark.parametrize("mode", ["warn", "strict", "silent"])
 def test_a_failed_copy_leaves_its_memo_plain_and_the_next_copy_reports_in_full(mode: str) -> None:
     memo: Dict[Any, Any] = {}
+    copy.deepcopy([[]], memo)  # native starts the memo's keep-alive list
+    kept = dict.get(memo, id(memo))
     failing = [with_history(), Raises()]
-    with deepcopy_shim.enabled(mode), pytest.raises((ValueError, NonLeafTensorError)):
+    # The scope ends with the error in flight: the failed copy's memo is found in its traceback.
+    with pytest.raises((ValueError, NonLeafTensorError)), deepcopy_shim.enabled(mode):
         copy.deepcopy(failing, memo)
-    assert keep_alive_slot(memo) is list
+    assert dict.get(memo, id(memo)) is kept
+    # Caught inside the scope, the error is handled before the scope ends: the memo gets its
+    # list back at its next keep-alive, from any copy (here a native one), the very same list.
+    with deepcopy_shim.enabled(mode), pytest.raises((ValueError, NonLeafTensorError)):
+        copy.deepcopy([with_history(), Raises()], memo)
+    copy.deepcopy([[]], memo)
+    assert dict.get(memo, id(memo)) is kept
     again = [with_history()]
     with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as refused:
         copy.deepcopy(again, memo)
@@ -283,12 +292,15 @@ def test_under_enable_alone_the_next_report_in_the_thread_clears_a_failed_copys_
     assert w.tensors == (later[0],) and keep_alive_slot(memo) is list
 
 
-def test_under_enable_alone_enable_or_disable_clears_a_failed_copys_list() -> None:
+def test_under_enable_alone_a_failed_copys_memo_gets_its_list_back() -> None:
     deepcopy_shim.enable("warn")
     memo: Dict[Any, Any] = {}
     with pytest.raises(ValueError):
         copy.deepcopy([with_history(), Raises()], memo)
-    deepcopy_shim.disable()
+    assert _record.open_records()  # nothing said that the copy ended
+    deepcopy_shim.disable()  # ... until the global setting changes: its record is discarded
+    assert _record.open_records() == []
+    copy.deepcopy([[]], memo)  # the next keep-alive gives the memo its own list back
     assert keep_alive_slot(memo) is list
 
 

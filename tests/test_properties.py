@@ -456,7 +456,11 @@ def _in_scope(mode: Any, graph: Any, memo: Optional[Dict[int, Any]]) -> Tuple[Tu
         warnings.simplefilter("always")
         with deepcopy_shim.enabled(mode):
             outcome = _outcome(lambda: copy.deepcopy(graph, memo))
-    if memo is not None:  # nothing of the shim's is left in a memo the caller keeps
+    if memo is not None:
+        # Nothing of the shim's is left in a memo the caller keeps, once that memo is used
+        # again (a failed copy's error handled inside the scope: its stand-in for the memo's
+        # keep-alive list gives the list back at the memo's next keep-alive append).
+        copy.deepcopy([[]], memo)
         assert type(dict.get(memo, id(memo), [])) is list
     return outcome, [w.message for w in caught if w.category is deepcopy_shim.DetachedTensorsWarning]
 
