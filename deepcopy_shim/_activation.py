@@ -273,12 +273,13 @@ enabled.__module__ = "deepcopy_shim"
 
 
 def _scope_ended(boundary: Any) -> None:
-    # Records exist only once the patch has copied something (torch imported).  The error
-    # being handled, if any (the scope ends with it, or inside an `except` of it), holds the
-    # frames of a copy that failed: the record of that copy finds its memo there.
-    record = sys.modules.get("deepcopy_shim._record")
-    if record is not None:
-        record.scope_ended(boundary, sys.exc_info()[2])
+    # Records exist only once `_record` is imported, which sets the hook as it finishes (a
+    # module looked up in sys.modules may be half-made by another thread).  The error being
+    # handled, if any (the scope ends with it, or inside an `except` of it), holds the frames
+    # of a copy that failed: the record of that copy finds its memo there.
+    ended = _modes.scope_end_hook
+    if ended is not None:
+        ended(boundary, sys.exc_info()[2])
 
 
 def scope(mode: ModeLike, source: Source, template: str) -> enabled:

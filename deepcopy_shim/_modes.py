@@ -224,10 +224,14 @@ def _entrant() -> Any:
     """
     asyncio = sys.modules.get("asyncio")
     task = None
-    if asyncio is not None:
-        loop = asyncio._get_running_loop()
+    # Another thread may be importing asyncio right now: a half-made module lacks the names
+    # below, and then no task can be running in this thread.
+    running_loop = getattr(asyncio, "_get_running_loop", None)
+    current_task = getattr(asyncio, "current_task", None)
+    if running_loop is not None and current_task is not None:
+        loop = running_loop()
         if loop is not None:
-            task = asyncio.current_task(loop)
+            task = current_task(loop)
     return (threading.get_ident(), weakref.ref(task) if task is not None else None)
 
 
@@ -243,6 +247,12 @@ _global_lock = threading.Lock()
 _scoped: contextvars.ContextVar[Optional[Scope]] = contextvars.ContextVar(
     "deepcopy_shim_scope", default=None
 )
+
+
+# What ends the records of a scope (`_record.scope_ended`), set by `_record` as the last line of
+# its import, so that a scope ending in one thread while another is still importing `_record`
+# (the first copy) never reaches a half-made module: None until then, and no record exists.
+scope_end_hook: Optional[Callable[[Any, Any], None]] = None
 
 
 def current_setting() -> Optional[ModeSetting]:

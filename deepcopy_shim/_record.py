@@ -567,3 +567,7 @@ def path_here(tensor: torch.Tensor, caller: _Frame) -> str:
     tracker.add(tensor, steps(walked), None)
     (entry,) = tracker.entries()
     return entry.label
+
+
+# Last: a scope that ends in another thread reaches scope_ended only once this module is whole.
+_modes.scope_end_hook = scope_ended
