@@ -40,7 +40,13 @@ def startup_failure(exc: BaseException, what: str) -> str:
     a bad mode value is the user's to fix and speaks for itself; anything else is a failure)."""
     if isinstance(exc, ModeValueError):
         return f"{exc}; {what} skipped"
-    return f"deepcopy_shim: {what} failed ({type(exc).__name__}: {exc}); the shim stays off"
+    fix = ""
+    missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    if missing in ("wrapt", "torch"):  # a requirement that cannot be imported: how to mend it
+        from ._tested import reinstall_command
+
+        fix = f"; to fix it: {reinstall_command(missing)}"
+    return f"deepcopy_shim: {what} failed ({type(exc).__name__}: {exc}); the shim stays off{fix}"
 
 
 def activate_from_environment(environ: Optional[Mapping[str, str]] = None) -> Optional[Mode]:

@@ -18,7 +18,15 @@ from . import __version__, _patch
 from ._bootstrap import ENV_VAR, environment_setting
 from ._modes import ModeValueError
 from ._sites import site_packages_dirs
-from ._tested import TESTED_PYTHON, TESTED_TORCH, TESTED_WRAPT, minor_of, tested_range_text
+from ._tested import (
+    TESTED_PYTHON,
+    TESTED_TORCH,
+    TESTED_WRAPT,
+    excluded_versions,
+    minor_of,
+    reinstall_command,
+    tested_range_text,
+)
 
 __all__ = ["check", "find_startup_hook"]
 
@@ -158,13 +166,23 @@ def check() -> int:
     python = platform.python_version()
     lines.append(f"  python         {python} ({_range_note(python, TESTED_PYTHON)})  {sys.executable}")
     lines.append(f"  platform       {_platform_line()}")
+    wrapt_ok = False
     try:
         import wrapt
-
+    except Exception as exc:  # not only ImportError: a broken install raises anything
+        lines.append("  wrapt          CANNOT BE IMPORTED")
+        problems.append(f"wrapt cannot be imported ({type(exc).__name__}: {exc}): "
+                        f"{reinstall_command('wrapt')}")
+    else:
         wrapt_version = str(getattr(wrapt, "__version__", "?"))
-        lines.append(f"  wrapt          {wrapt_version} ({_range_note(wrapt_version, TESTED_WRAPT)})")
-    except ImportError as exc:
-        problems.append(f"wrapt cannot be imported ({exc}): reinstall deepcopy-shim")
+        excluded = wrapt_version in excluded_versions("wrapt")
+        note = "EXCLUDED by deepcopy-shim's requirements" if excluded else _range_note(
+            wrapt_version, TESTED_WRAPT)
+        lines.append(f"  wrapt          {wrapt_version} ({note})")
+        if excluded:
+            problems.append(f"wrapt {wrapt_version} is excluded by deepcopy-shim's requirements "
+                            f"(a known regression): {reinstall_command('wrapt')}")
+        wrapt_ok = True
     hook = find_startup_hook()
     lines.append(f"  start-up hook  {hook or 'NOT INSTALLED'}")
     if hook is None:
@@ -193,10 +211,18 @@ def check() -> int:
         lines.append(f"  this process   mode {setting_now or 'off'}; patch {_patch.state()}")
         if _patch.inert_reason():
             problems.append(str(_patch.inert_reason()))
-        test = _self_test() if not _patch.inert_reason() else []
-        lines.append(f"  self-test      {'FAILED' if test else 'ok'} (native refusal; silent, warn and "
-                     "strict on a real non-leaf tensor)")
-        problems.extend(test)
+        if not wrapt_ok:
+            lines.append("  self-test      skipped (the patch needs wrapt)")
+        elif _patch.inert_reason():
+            lines.append("  self-test      skipped (the shim stays out of the way, see below)")
+        else:
+            try:
+                test = _self_test()
+            except Exception as exc:  # the patch could not even be installed: say why, once
+                test = [" ".join(str(exc).replace("deepcopy_shim: ", "", 1).split())]
+            lines.append(f"  self-test      {'FAILED' if test else 'ok'} (native refusal; silent, "
+                         "warn and strict on a real non-leaf tensor)")
+            problems.extend(test)
     print("\n".join(lines))
     if problems:
         for problem in problems:

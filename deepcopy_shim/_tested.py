@@ -11,11 +11,12 @@ shim inert rather than wrong.  These ranges say what the compatibility matrix pr
 from __future__ import annotations
 
 import re
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 __all__ = [
     "TESTED_PYTHON", "TESTED_TORCH", "TESTED_WRAPT",
-    "minor_of", "tested_range_text", "torch_newer_than_tested",
+    "excluded_versions", "minor_of", "reinstall_command", "requirement_of", "tested_range_text",
+    "torch_newer_than_tested",
 ]
 
 # (oldest, newest) minor release of each, as the tox matrix runs them.
@@ -38,3 +39,42 @@ def torch_newer_than_tested(version: str) -> bool:
 def tested_range_text(which: Tuple[Tuple[int, int], Tuple[int, int]]) -> str:
     (a, b), (c, d) = which
     return f"{a}.{b}-{c}.{d}"
+
+
+# What deepcopy-shim requires of a package is in its installed metadata (pyproject.toml's
+# dependencies): read there, never written again here.
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9_.-]+)\s*(?:\[[^\]]*\])?\s*\(?([^;)]*)")
+
+
+def requirement_of(name: str) -> Optional[str]:
+    """deepcopy-shim's requirement of the package `name` (`wrapt>=1.14,!=2.2.0`), from its
+    installed metadata; None where that metadata is not there (a source tree on sys.path)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, requires
+    except ImportError:  # pragma: no cover - Python 3.8
+        return None
+    try:
+        requirements = requires("deepcopy-shim") or []
+    except PackageNotFoundError:
+        return None
+    for requirement in requirements:
+        match = _REQUIREMENT.match(requirement)
+        if match and match.group(1).lower() == name and "extra ==" not in requirement:
+            return f"{match.group(1)}{match.group(2).strip()}"
+    return None
+
+
+def excluded_versions(name: str) -> Tuple[str, ...]:
+    """The versions of `name` that deepcopy-shim's requirement excludes (`!=`: releases with a
+    known regression); () where there is none or the metadata is not there."""
+    requirement = requirement_of(name) or ""
+    found: List[str] = []
+    for spec in requirement[len(name):].split(","):
+        if spec.strip().startswith("!="):
+            found.append(spec.strip()[2:].strip())
+    return tuple(found)
+
+
+def reinstall_command(name: str) -> str:
+    """The command that reinstalls `name` as deepcopy-shim requires it."""
+    return f'pip install --force-reinstall "{requirement_of(name) or name}"'

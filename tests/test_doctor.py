@@ -227,3 +227,44 @@ def test_from_the_command_line() -> None:
         assert "deepcopy_shim.pth" in proc.stdout
         assert f"  platform       {platform.system()} " in proc.stdout
         assert "  gpu            " in proc.stdout
+
+
+# --- the broken set-ups the doctor exists for: a report and one line, never a traceback -------
+
+_DOCTOR = ("import runpy, sys\nsys.argv = ['deepcopy_shim', '--check']\n"
+           "runpy.run_module('deepcopy_shim', run_name='__main__')\n")
+_BROKEN = {
+    # wrapt cannot be imported at all (a broken or missing install)
+    "wrapt unimportable": ("import sys\nsys.modules['wrapt'] = None\n",
+                           "wrapt cannot be imported", "wrapt          CANNOT BE IMPORTED"),
+    # another patch already defines nn.Module.__deepcopy__
+    "foreign Module.__deepcopy__": (
+        "import torch\ntorch.nn.Module.__deepcopy__ = lambda self, memo: self\n",
+        "cannot install: torch.nn.Module already defines __deepcopy__", "self-test      FAILED"),
+    # the wrapt release the package metadata excludes
+    "excluded wrapt": ("import wrapt\nwrapt.__version__ = '2.2.0'\n",
+                       "wrapt 2.2.0 is excluded", "EXCLUDED by deepcopy-shim's requirements"),
+}
+
+
+@pytest.mark.parametrize("setup", sorted(_BROKEN))
+def test_a_broken_set_up_gets_the_report_and_one_line_saying_what_and_how_to_fix_it(setup: str) -> None:
+    prelude, problem, line = _BROKEN[setup]
+    proc = run([DEV_PYTHON, "-c", prelude + _DOCTOR], env=clean_env())
+    assert proc.returncode == 1, describe(proc)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, describe(proc)
+    assert proc.stdout.splitlines()[0].startswith("deepcopy-shim "), describe(proc)
+    assert line in proc.stdout, describe(proc)
+    (said,) = [text for text in proc.stderr.splitlines() if text.strip()]
+    assert said.startswith("deepcopy_shim --check: ") and problem in said, describe(proc)
+    if "wrapt" in setup:  # how to fix it
+        assert 'pip install --force-reinstall "wrapt' in said and "!=2.2.0" in said, describe(proc)
+
+
+def test_the_start_up_line_for_a_requirement_that_cannot_be_imported_says_how_to_fix_it() -> None:
+    proc = run([DEV_PYTHON, "-c", "import sys\nsys.modules['wrapt'] = None\n"
+                "from deepcopy_shim._bootstrap import activate_from_environment\n"
+                "activate_from_environment({'DEEPCOPY_SHIM': 'warn'})\n"], env=clean_env())
+    (said,) = [text for text in proc.stderr.splitlines() if text.strip()]
+    assert "start-up activation by DEEPCOPY_SHIM failed (ModuleNotFoundError" in said, describe(proc)
+    assert 'the shim stays off; to fix it: pip install --force-reinstall "wrapt' in said, describe(proc)
