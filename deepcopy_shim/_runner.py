@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Any, List, NamedTuple, Optional, Sequence
 
 from ._bootstrap import ENV_VAR, environment_setting
 from ._modes import Mode, ModeSetting, ModeValueError, Source, on_and_off_words, parse_mode, valid_values
@@ -174,18 +174,38 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
     set_global(setting)
 
-    if command.is_module:
-        # As `python -m`: the current directory first on sys.path (a console script would
-        # otherwise have its bin/ directory there).
-        sys.path[0] = os.getcwd()
-        sys.argv = [command.target, *command.args]  # run_module replaces argv[0] with the path
-        runpy.run_module(command.target, run_name="__main__", alter_sys=True)
-    else:
-        # As `python script.py`: the script's directory first on sys.path.
-        sys.path[0] = os.path.dirname(os.path.abspath(command.target))
-        sys.argv = [command.target, *command.args]
-        runpy.run_path(command.target, run_name="__main__")
+    try:
+        if command.is_module:
+            # As `python -m`: the current directory first on sys.path (a console script would
+            # otherwise have its bin/ directory there).
+            sys.path[0] = os.getcwd()
+            sys.argv = [command.target, *command.args]  # run_module replaces argv[0] with the path
+            runpy.run_module(command.target, run_name="__main__", alter_sys=True)
+        else:
+            # As `python script.py`: the script's directory first on sys.path.
+            sys.path[0] = os.path.dirname(os.path.abspath(command.target))
+            sys.argv = [command.target, *command.args]
+            runpy.run_path(command.target, run_name="__main__")
+    except ImportError as exc:
+        if not _raised_by_runpy(exc.__traceback__):
+            raise  # the program's own: unchanged
+        # runpy's own "No module named ..." / "can't find '__main__' module in ...", raised
+        # before any of the program runs: one line and status 1, as `python -m` and `python
+        # DIR` say it.
+        sys.stderr.write(f"deepcopy_shim: {exc}\n")
+        return 1
     return 0
+
+
+def _raised_by_runpy(tb: Any) -> bool:
+    """True if the innermost frame of `tb` is runpy's own: it could not find what to run
+    (run_module and run_path raise a plain ImportError for that, as a program may too)."""
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename == _RUNPY_FILE
+
+
+_RUNPY_FILE = runpy.run_module.__code__.co_filename
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

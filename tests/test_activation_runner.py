@@ -180,6 +180,30 @@ def test_usage_errors(tmp_path: Path, args: List[str], message: str) -> None:
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize("what", ["-m no_such_module", "-m json.no_such_part", "a directory"])
+def test_what_cannot_be_found_is_one_line_and_status_1_as_python_says_it(
+        tmp_path: Path, what: str) -> None:
+    """As `python -m no_such_module` and `python DIR` (without __main__.py): runpy's own words
+    on one line, status 1, no traceback; the program's own ImportError is another matter."""
+    (tmp_path / "pkgdir").mkdir()
+    args = what.split() if what.startswith("-m") else [tmp_path / "pkgdir"]
+    native = run([DEV_PYTHON, *map(str, args)], clean_env(), cwd=tmp_path)
+    proc = runner(*args, cwd=tmp_path)
+    assert proc.returncode == native.returncode == 1, describe(proc)
+    (said,) = stderr_lines(proc)
+    (python_said,) = stderr_lines(native)
+    assert said == "deepcopy_shim: " + python_said.split(": ", 1)[1], describe(proc)
+    assert proc.stdout == ""
+
+
+def test_the_programs_own_import_error_still_passes_through(tmp_path: Path) -> None:
+    script = tmp_path / "imports.py"
+    script.write_text("import no_such_thing_here\n")
+    proc = runner(script, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr, describe(proc)
+    assert "ModuleNotFoundError: No module named 'no_such_thing_here'" in proc.stderr
+
+
 def test_runner_is_importable_without_side_effects() -> None:
     proc = run([DEV_PYTHON, "-c", "import deepcopy_shim.__main__, sys; "
                 "print('torch' in sys.modules, sys.modules['deepcopy_shim']._modes.global_setting())"],
