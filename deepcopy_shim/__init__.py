@@ -18,7 +18,7 @@ from ._errors import (
     PatchConflictWarning,
     TorchCompatibilityWarning,
 )
-from ._modes import Mode, ModeSetting, Source
+from ._modes import Mode, ModeSetting, ModeValueError, Source
 
 __version__ = "0.2.0"
 
@@ -28,6 +28,7 @@ __all__ = [
     "DetachedTensorsWarning",
     "Mode",
     "ModeSetting",
+    "ModeValueError",
     "NonLeafTensorError",
     "PatchConflictWarning",
     "Source",

@@ -282,11 +282,12 @@ def _scope_ended(boundary: Any) -> None:
         ended(boundary, sys.exc_info()[2])
 
 
-def scope(mode: ModeLike, source: Source, template: str) -> enabled:
-    """An `enabled` scope whose setting says it came from `source`, written as `template`
-    filled with `mode` as given (the pytest marker and fixture)."""
+def scope(mode: ModeLike, source: Source, template: str, how: Optional[str] = None) -> enabled:
+    """An `enabled` scope whose setting says it came from `source`, written as `how` (default:
+    `template` filled with `mode` as given); another mode is written as `template` filled with
+    it (the pytest marker and fixture)."""
     made = enabled.__new__(enabled)
-    made._init(mode, source, template.format(mode), template)
+    made._init(mode, source, template.format(mode) if how is None else how, template)
     return made
 
 

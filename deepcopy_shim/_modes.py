@@ -151,6 +151,8 @@ class ModeSetting:
 class ModeValueError(ValueError):
     """An unknown mode spelling; its message names the value and the valid ones."""
 
+    __module__ = "deepcopy_shim"
+
 
 def valid_values() -> str:
     """The accepted spellings, in words, for messages: `warn, strict, silent; 1, true, ...`."""
@@ -168,9 +170,13 @@ def parse_mode(value: Union[Mode, str, bool, int], what: str = "mode") -> Option
 
     A `Mode` or its name (any case, surrounding blanks ignored); `True`, `1` or an on
     word (`"1"`, `"true"`, `"on"`, `"yes"`) for `warn`; `False`, `0`, an off word
-    (`"0"`, `"false"`, `"off"`, `"no"`) or a blank string for off.  Raises
-    `ModeValueError` (a `ValueError`) naming `what` was bad (`"mode"`, `"DEEPCOPY_SHIM
-    value"`), the value and the valid ones.
+    (`"0"`, `"false"`, `"off"`, `"no"`) or a blank string for off.
+
+    Raises `ModeValueError` (a `ValueError`) for a value of an accepted type that names no
+    mode, naming `what` was bad (`"mode"` from Python; a text door's own name, such as
+    `"DEEPCOPY_SHIM value"`, whose message then lists only what can be written there), the
+    value and the valid ones; `TypeError` for a value of any other type (None included, with
+    the way to say warn or off), as Python does.
     """
     if isinstance(value, Mode):
         return value
@@ -185,9 +191,17 @@ def parse_mode(value: Union[Mode, str, bool, int], what: str = "mode") -> Option
         for mode in Mode:
             if word == mode.value:
                 return mode
+    elif not isinstance(value, int):
+        hint = " (leave the argument out for 'warn', or pass 'off')" if value is None else ""
+        raise TypeError(
+            f"deepcopy_shim: {what} must be a str, a deepcopy_shim.Mode, a bool or 0/1, "
+            f"not {type(value).__name__} ({value!r}){hint}"
+        )
+    # Only Python code passes a bool, an int or a Mode: a text door's value is a string.
+    python_only = "; also True/False, 1/0 and deepcopy_shim.Mode members" if what == "mode" else ""
     raise ModeValueError(
         f"deepcopy_shim: invalid {what} {value!r}; valid values are {valid_values()} "
-        "(as strings in any case; also True/False, 1/0 and deepcopy_shim.Mode members)"
+        f"(in any case{python_only})"
     )
 
 

@@ -52,8 +52,9 @@ class _Session:
     outer session back its own)."""
 
     def __init__(self, setting: Optional[ModeSetting], previous: Optional[ModeSetting],
-                 previous_env: Optional[str]) -> None:
+                 previous_env: Optional[str], off_by: str = "") -> None:
         self.setting = setting
+        self.off_by = off_by  # what said off, as written (`--deepcopy-shim=off`), if it did
         self.previous = previous
         self.previous_env = previous_env
 
@@ -93,7 +94,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except ModeValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     setting = None if mode is None else ModeSetting(mode, Source.PYTEST, how.format(value.strip()), how)
-    config.stash[_SESSION_KEY] = _Session(setting, global_setting(), os.environ.get(ENV_VAR))
+    config.stash[_SESSION_KEY] = _Session(setting, global_setting(), os.environ.get(ENV_VAR),
+                                          how.format(value.strip()))
     set_global(setting)
     # Child processes of the tests (spawn workers, subprocess) are activated by the .pth hook.
     os.environ[ENV_VAR] = mode.value if mode is not None else "off"
@@ -117,7 +119,7 @@ def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
     session = config.stash.get(_SESSION_KEY, None)
     if session is not None:
         if session.setting is None:
-            return ["deepcopy_shim: off (from --deepcopy-shim or the ini key)"]
+            return [f"deepcopy_shim: off (from {session.off_by})"]
         return [f"deepcopy_shim: active, mode {session.setting}"]
     # Not asked through pytest; report an activation by DEEPCOPY_SHIM.
     from ._activation import current_mode
@@ -148,13 +150,13 @@ def _marker_mode(node: Any) -> Optional[str]:
     return str(marker.kwargs.get("mode", marker.args[0] if marker.args else "warn"))
 
 
-def _scope(mode_name: str, how: str, where: str) -> Any:
+def _scope(mode_name: str, template: str, where: str, how: Optional[str] = None) -> Any:
     from ._activation import scope
     from ._modes import Source
 
     try:
-        return scope(mode_name, Source.PYTEST, how)
-    except ValueError as exc:
+        return scope(mode_name, Source.PYTEST, template, how)
+    except (ValueError, TypeError) as exc:
         raise pytest.UsageError(f"{exc} (in {where})") from None
 
 
@@ -179,11 +181,14 @@ def deepcopy_shim_fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
     else `warn`.  Only this test's thread/task is affected (`deepcopy_shim.enabled`).
     """
     mode_name = _marker_mode(request.node)
-    how = "@pytest.mark.deepcopy_shim({!r})"
+    # Another mode is chosen with the marker, whatever chose this one: messages say so.
+    template, how = "@pytest.mark.deepcopy_shim({!r})", None
     if mode_name is None:
-        mode_name = str(getattr(request, "param", "warn"))
-        how = "the deepcopy_shim fixture's mode {!r}"
+        param = getattr(request, "param", None)
+        mode_name = "warn" if param is None else str(param)
+        how = ("the deepcopy_shim fixture's default mode 'warn'" if param is None else
+               f"the deepcopy_shim fixture's parameter {mode_name!r} (indirect parametrization)")
     import deepcopy_shim
 
-    with _scope(mode_name, how, f"the deepcopy_shim fixture of {request.node.nodeid}"):
+    with _scope(mode_name, template, f"the deepcopy_shim fixture of {request.node.nodeid}", how):
         yield deepcopy_shim

@@ -82,7 +82,7 @@ def test_off_value_overrides_environment(tmp_path: Path) -> None:
     assert "PytestAssertRewriteWarning" not in proc.stdout + proc.stderr
     assert grep(proc, "STATE").startswith("STATE strict strict")
     proc = pytest_run(tmp_path, "--deepcopy-shim=off", env_value="strict")
-    assert "deepcopy_shim: off (from --deepcopy-shim or the ini key)" in proc.stdout
+    assert "deepcopy_shim: off (from pytest --deepcopy-shim=off)" in proc.stdout
     assert grep(proc, "STATE").startswith("STATE None off")  # children are told: off
     assert grep(proc, "CHILD") == "CHILD mode=None torch=False shim=False wrapt=False"
 
@@ -180,3 +180,32 @@ def test_marker_is_registered_for_help(tmp_path: Path) -> None:
     assert "@pytest.mark.deepcopy_shim(mode='warn')" in proc.stdout, describe(proc)
     proc = run([DEV_PYTHON, "-m", "pytest", "--help"], clean_env(), cwd=tmp_path)
     assert "--deepcopy-shim=MODE" in proc.stdout and "deepcopy_shim (string)" in proc.stdout
+
+
+FIXTURE_SAYS = textwrap.dedent(
+    """
+    import pytest
+
+    def test_default(deepcopy_shim):
+        setting = deepcopy_shim.current_mode()
+        print("HOW", setting.how, "|", setting.spelled("silent"))
+
+    @pytest.mark.parametrize("deepcopy_shim", ["strict"], indirect=True)
+    def test_param(deepcopy_shim):
+        setting = deepcopy_shim.current_mode()
+        print("HOW", setting.how, "|", setting.spelled("silent"))
+    """
+)
+
+
+def test_the_fixtures_messages_say_how_to_choose_its_mode(tmp_path: Path) -> None:
+    """A warning of a test using the fixture says what set the mode and how to write another:
+    the marker, which chooses the fixture's mode."""
+    proc = pytest_run(tmp_path, tests=FIXTURE_SAYS)
+    assert proc.returncode == 0, describe(proc)
+    said = ["HOW" + line.split("HOW", 1)[1] for line in proc.stdout.splitlines() if "HOW " in line]
+    assert said == [
+        "HOW the deepcopy_shim fixture's default mode 'warn' | @pytest.mark.deepcopy_shim('silent')",
+        "HOW the deepcopy_shim fixture's parameter 'strict' (indirect parametrization) | "
+        "@pytest.mark.deepcopy_shim('silent')",
+    ], describe(proc)

@@ -48,14 +48,36 @@ def test_off_words_mean_off_at_every_door(word: Any, cached_net: CachedActivatio
         deepcopy_shim.deepcopy(cached_net, word)  # a native copy
 
 
-@pytest.mark.parametrize("bad", ["loud", "2", None, 3, "warn strict"])
+_DOORS = (deepcopy_shim.enable, deepcopy_shim.enabled, lambda mode: deepcopy_shim.deepcopy(1, mode))
+
+
+@pytest.mark.parametrize("bad", ["loud", "2", 3, "warn strict"])
 def test_bad_spellings_are_refused_at_every_door(bad: Any) -> None:
-    for door in (deepcopy_shim.enable, deepcopy_shim.enabled,
-                 lambda mode: deepcopy_shim.deepcopy(1, mode)):
-        with pytest.raises(ValueError, match=r"invalid mode .*valid values are warn, strict, silent; "
-                                             r"1, true, on, yes \(warn\); 0, false, off, no \(off\)"):
+    for door in _DOORS:
+        with pytest.raises(deepcopy_shim.ModeValueError,
+                           match=r"invalid mode .*valid values are warn, strict, silent; "
+                                 r"1, true, on, yes \(warn\); 0, false, off, no \(off\) \(in any "
+                                 r"case; also True/False, 1/0 and deepcopy_shim\.Mode members\)"):
             door(bad)
     assert not deepcopy_shim.is_enabled()
+
+
+@pytest.mark.parametrize("bad", [None, 3.5, ["warn"], b"warn", object()])
+def test_a_value_of_another_type_is_a_type_error_at_every_door(bad: Any) -> None:
+    """As Python refuses a value of the wrong type; None says how to write warn and off."""
+    for door in _DOORS:
+        with pytest.raises(TypeError, match=rf"mode must be a str, a deepcopy_shim\.Mode, a bool or "
+                                            rf"0/1, not {type(bad).__name__} ") as refused:
+            door(bad)
+        if bad is None:
+            assert "leave the argument out for 'warn', or pass 'off'" in str(refused.value)
+    assert not deepcopy_shim.is_enabled()
+
+
+def test_mode_value_error_is_public_and_reports_the_public_module() -> None:
+    assert deepcopy_shim.ModeValueError.__module__ == "deepcopy_shim"
+    assert issubclass(deepcopy_shim.ModeValueError, ValueError)
+    assert "ModeValueError" in deepcopy_shim.__all__
 
 
 def test_mode_parse_and_str() -> None:
@@ -143,3 +165,16 @@ def test_enabled_mode_is_read_only() -> None:
     assert scope.mode is Mode.WARN
     with pytest.raises(AttributeError):
         scope.mode = "strict"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("what", ["DEEPCOPY_SHIM value", "--mode value", "--deepcopy-shim value",
+                                  "ini value deepcopy_shim ="])
+def test_a_text_doors_message_lists_only_what_can_be_written_there(what: str) -> None:
+    from deepcopy_shim._modes import parse_mode
+
+    with pytest.raises(deepcopy_shim.ModeValueError) as refused:
+        parse_mode("loud", what)
+    message = str(refused.value)
+    assert message.startswith(f"deepcopy_shim: invalid {what} 'loud'; valid values are warn, ")
+    assert message.endswith("(in any case)")
+    assert "True/False" not in message and "Mode members" not in message
