@@ -70,9 +70,9 @@ def test_invalid_mode_raises_and_changes_nothing(bad: object) -> None:
     with pytest.raises(refused, match=r"(invalid mode .*warn, strict, silent|mode must be a str)"):
         deepcopy_shim.enable(bad)  # type: ignore[arg-type]
     assert mode_now() is Mode.SILENT
-    with pytest.raises(refused, match="invalid mode|mode must be"):
+    with pytest.raises(refused, match=r"invalid mode|mode must be"):
         deepcopy_shim.enabled(bad)  # type: ignore[arg-type]
-    with pytest.raises(refused, match="invalid mode|mode must be"):
+    with pytest.raises(refused, match=r"invalid mode|mode must be"):
         deepcopy_shim.deepcopy(torch.ones(1), bad)  # type: ignore[arg-type]
     assert _patch._users == 1
 
