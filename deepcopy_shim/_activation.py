@@ -52,7 +52,8 @@ def enable(mode: ModeLike = "warn") -> None:
     is not imported yet, the patch is applied when it is (this call does not import torch).
 
     Raises:
-        ValueError: `mode` is not in the vocabulary; nothing changes.
+        ModeValueError: `mode` (a `ValueError`) is not in the vocabulary; nothing changes.
+        TypeError: `mode` is of no accepted type (None, a float, bytes); nothing changes.
         RuntimeError: the patch cannot be installed (another patch owns
             `nn.Module.__deepcopy__`); nothing changes.
     """
@@ -149,7 +150,8 @@ class enabled:
     defines.
 
     Raises:
-        ValueError: `mode` is not in the vocabulary (at construction).
+        ModeValueError: `mode` (a `ValueError`) is not in the vocabulary (at construction).
+        TypeError: `mode` is of no accepted type (at construction).
         RuntimeError: `stop()` in a thread or task that entered no scope of this object.
         TypeError: decorating a generator function, or a class that is not a `TestCase`.
     """
@@ -302,7 +304,8 @@ def deepcopy(obj: _T, mode: ModeLike = "warn") -> _T:
     modified.
 
     Raises:
-        ValueError: `mode` is not in the vocabulary.
+        ModeValueError: `mode` (a `ValueError`) is not in the vocabulary.
+        TypeError: `mode` is of no accepted type.
         NonLeafTensorError: mode `strict` and the copy met a tensor with autograd history.
     """
     parsed = _modes.parse_mode(mode)
