@@ -218,8 +218,13 @@ def _after_refusal(original: Callable[..., Any], hold: Callable[[], ContextManag
     if setting.mode is Mode.STRICT:
         # torch checks is_leaf before its memo, so it refuses even a tensor the memo already
         # holds (a retained .grad, copied by a direct __deepcopy__ call): so does strict.
-        # refuse() makes torch's error (the one being handled) the cause.
-        raise _refusal.refuse(tensor, caller, setting, sys.exc_info()[1], hold)  # type: ignore[arg-type]
+        # refuse() makes torch's error (the one being handled) the cause.  The raise below is
+        # the last source line a plain Python traceback shows: it says what happened.
+        refused_in_mode_strict = _refusal.refuse(tensor, caller, setting, sys.exc_info()[1], hold)  # type: ignore[arg-type]
+        try:
+            raise refused_in_mode_strict  # deepcopy_shim mode strict: the message below says what and how
+        finally:
+            del refused_in_mode_strict  # the traceback holds this frame: no cycle through the error
     # A tensor already copied in this deepcopy (reached again through a direct __deepcopy__
     # call) is a memo hit in the detaching modes: its detached copy, shared.
     existing = memo.get(id(tensor), NIL)

@@ -203,3 +203,23 @@ def test_a_module_class_registered_with_copyreg_is_copied_through_its_reducer() 
         GraphDiff(leaf, native, shimmed).check()
     finally:
         del copyreg.dispatch_table[Registered]
+
+
+def test_a_strict_refusal_in_plain_python_ends_on_a_line_that_says_what_happened() -> None:
+    """The last source line of a plain Python traceback of a strict refusal is the shim's raise,
+    which reads as what happened (docs/faq.md quotes it)."""
+    import subprocess
+    import sys
+
+    code = ("import copy, torch, deepcopy_shim\ndeepcopy_shim.enable('strict')\n"
+            "copy.deepcopy({'t': torch.ones(2, requires_grad=True) * 2})\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    error = next(i for i, line in enumerate(lines) if line.startswith("deepcopy_shim.NonLeafTensorError"))
+    source = [line.strip() for line in lines[:error]
+              if line.startswith("    ") and not set(line.strip()) <= {"^"}]
+    quoted = "raise refused_in_mode_strict  # deepcopy_shim mode strict: the message below says what and how"
+    assert source[-1] == quoted
+    from pathlib import Path
+
+    assert quoted in Path(__file__).resolve().parents[1].joinpath("docs", "faq.md").read_text()
