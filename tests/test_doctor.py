@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import pytest
 import torch
 import wrapt
-from support.processes import DEV_PYTHON, clean_env, describe, run
+from support.processes import DEV_PYTHON, clean_env, describe, run, stderr_lines
 
 import deepcopy_shim
 from deepcopy_shim import _doctor
@@ -255,7 +255,7 @@ def test_a_broken_set_up_gets_the_report_and_one_line_saying_what_and_how_to_fix
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, describe(proc)
     assert proc.stdout.splitlines()[0].startswith("deepcopy-shim "), describe(proc)
     assert line in proc.stdout, describe(proc)
-    (said,) = [text for text in proc.stderr.splitlines() if text.strip()]
+    (said,) = stderr_lines(proc)
     assert said.startswith("deepcopy_shim --check: ") and problem in said, describe(proc)
     if "wrapt" in setup:  # how to fix it
         assert 'pip install --force-reinstall "wrapt' in said and "!=2.2.0" in said, describe(proc)
@@ -265,6 +265,6 @@ def test_the_start_up_line_for_a_requirement_that_cannot_be_imported_says_how_to
     proc = run([DEV_PYTHON, "-c", "import sys\nsys.modules['wrapt'] = None\n"
                 "from deepcopy_shim._bootstrap import activate_from_environment\n"
                 "activate_from_environment({'DEEPCOPY_SHIM': 'warn'})\n"], env=clean_env())
-    (said,) = [text for text in proc.stderr.splitlines() if text.strip()]
+    (said,) = stderr_lines(proc)
     assert "start-up activation by DEEPCOPY_SHIM failed (ModuleNotFoundError" in said, describe(proc)
     assert 'the shim stays off; to fix it: pip install --force-reinstall "wrapt' in said, describe(proc)
