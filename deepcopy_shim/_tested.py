@@ -49,10 +49,8 @@ _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9_.-]+)\s*(?:\[[^\]]*\])?\s*\(?([^;)]*)
 def requirement_of(name: str) -> Optional[str]:
     """deepcopy-shim's requirement of the package `name` (`wrapt>=1.14,!=2.2.0`), from its
     installed metadata; None where that metadata is not there (a source tree on sys.path)."""
-    try:
-        from importlib.metadata import PackageNotFoundError, requires
-    except ImportError:  # pragma: no cover - Python 3.8
-        return None
+    from importlib.metadata import PackageNotFoundError, requires  # imported when asked: start-up stays light
+
     try:
         requirements = requires("deepcopy-shim") or []
     except PackageNotFoundError:

@@ -95,6 +95,31 @@ def test_failure_to_enable_reports_one_line(monkeypatch: pytest.MonkeyPatch,
                    "deepcopy_shim: torch.nn.Module already defines __deepcopy__); the shim stays off\n")
 
 
+@pytest.mark.parametrize("missing", ["wrapt", "torch"])
+def test_a_requirement_that_cannot_be_imported_says_how_to_reinstall_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], missing: str) -> None:
+    def broken(setting: object) -> None:
+        raise ModuleNotFoundError(f"No module named '{missing}'", name=missing)
+
+    monkeypatch.setattr(_activation, "set_global", broken)
+    assert activate_from_environment({"DEEPCOPY_SHIM": "warn"}) is None
+    err = capsys.readouterr().err
+    assert err.startswith("deepcopy_shim: start-up activation by DEEPCOPY_SHIM failed "
+                          f"(ModuleNotFoundError: No module named '{missing}'); the shim stays off; "
+                          f'to fix it: pip install --force-reinstall "{missing}'), err
+    assert err.count("\n") == 1
+
+
+def test_another_missing_module_is_not_ours_to_mend(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(setting: object) -> None:
+        raise ModuleNotFoundError("No module named 'numpy'", name="numpy")
+
+    monkeypatch.setattr(_activation, "set_global", broken)
+    activate_from_environment({"DEEPCOPY_SHIM": "warn"})
+    assert capsys.readouterr().err.endswith("the shim stays off\n")
+
+
 def test_print_notice_survives_missing_or_closed_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stderr", None)
     print_notice("deepcopy_shim: x")

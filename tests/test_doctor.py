@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import sys
 import warnings
 from types import SimpleNamespace
 from typing import Any, Callable, List, Optional, Tuple
@@ -10,7 +11,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import pytest
 import torch
 import wrapt
-from support.processes import DEV_PYTHON, clean_env, describe, run, stderr_lines
+from support.processes import DEV_PYTHON, REPO, clean_env, describe, run, stderr_lines
 
 import deepcopy_shim
 from deepcopy_shim import _doctor
@@ -83,6 +84,76 @@ def test_the_wrapt_line_says_whether_it_is_in_the_tested_range(
     monkeypatch.setattr(wrapt, "__version__", version)
     _, out, _ = check(capsys)
     assert f"  wrapt          {version} ({note})" in out.splitlines()
+
+
+# --- what deepcopy-shim requires, read from its installed metadata (deepcopy_shim._tested) ------
+
+def _with_requirements(monkeypatch: pytest.MonkeyPatch, requirements: Any) -> None:
+    """Make importlib.metadata answer `requirements` for deepcopy-shim (an exception: raise it)."""
+    import importlib.metadata
+
+    def requires(name: str) -> Optional[List[str]]:
+        assert name == "deepcopy-shim"
+        if isinstance(requirements, BaseException):
+            raise requirements
+        return requirements
+
+    monkeypatch.setattr(importlib.metadata, "requires", requires)
+
+
+def test_the_excluded_wrapt_is_named_with_the_command_that_mends_it(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wrapt, "__version__", "2.2.0")
+    # the order of the metadata's lines and the extras' own requirements do not matter
+    _with_requirements(monkeypatch, ['pytest>=7; extra == "test"', "wrapt (>=1.14,!=2.2.0)",
+                                     "torch>=2.0", 'wrapt==2.2.0; extra == "dev"'])
+    status, out, err = check(capsys)
+    assert status == 1 and "  wrapt          2.2.0 (EXCLUDED by deepcopy-shim's requirements)" in out
+    assert err == ("deepcopy_shim --check: wrapt 2.2.0 is excluded by deepcopy-shim's requirements "
+                   '(a known regression): pip install --force-reinstall "wrapt>=1.14,!=2.2.0"\n')
+
+
+def test_without_the_metadata_nothing_is_excluded_and_the_command_names_the_package(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source tree on sys.path has no installed metadata: the doctor judges by the tested range
+    and says to reinstall the package by its name alone."""
+    from importlib.metadata import PackageNotFoundError
+
+    _with_requirements(monkeypatch, PackageNotFoundError("deepcopy-shim"))
+    monkeypatch.setattr(wrapt, "__version__", "2.2.0")
+    _, out, _ = check(capsys)
+    assert "  wrapt          2.2.0 (tested: 1.14-2.5)" in out.splitlines()
+    monkeypatch.setitem(sys.modules, "wrapt", None)
+    status, out, err = check(capsys)
+    assert status == 1 and "  wrapt          CANNOT BE IMPORTED" in out
+    assert err.endswith(': pip install --force-reinstall "wrapt"\n'), err
+
+
+@pytest.mark.parametrize("name", ["torch", "wrapt"])
+def test_each_requirement_is_read_for_its_own_package(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    from deepcopy_shim._bootstrap import startup_failure
+
+    for order in (["torch>=2.0", "wrapt>=1.14,!=2.2.0"], ["wrapt>=1.14,!=2.2.0", "torch>=2.0"]):
+        _with_requirements(monkeypatch, order)
+        line = startup_failure(ModuleNotFoundError(f"No module named '{name}'", name=name), "x")
+        wanted = "torch>=2.0" if name == "torch" else "wrapt>=1.14,!=2.2.0"
+        assert line.endswith(f'; to fix it: pip install --force-reinstall "{wanted}"'), (order, line)
+
+
+def test_the_installed_metadata_is_what_the_package_requires() -> None:
+    """The real metadata (the editable install): the commands quote pyproject.toml's requirements
+    (the metadata may order a requirement's specifiers its own way)."""
+    import re
+
+    from deepcopy_shim._bootstrap import startup_failure
+
+    dependencies = (REPO / "pyproject.toml").read_text().split("dependencies = [", 1)[1].split("]", 1)[0]
+    for name in ("torch", "wrapt"):
+        (declared,) = re.findall(rf'"{name}([^"]*)"', dependencies)
+        line = startup_failure(ModuleNotFoundError("x", name=name), "x")
+        quoted = re.fullmatch(rf'.*; to fix it: pip install --force-reinstall "{name}([^"]*)"', line)
+        assert quoted is not None, line
+        assert sorted(quoted.group(1).split(",")) == sorted(declared.replace(" ", "").split(",")), line
 
 
 def fake_torch(cuda: Optional[str] = None, hip: Optional[str] = None, available: Any = False,
