@@ -6,7 +6,7 @@ import platform
 import sys
 import warnings
 from types import SimpleNamespace
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import pytest
 import torch
@@ -88,7 +88,8 @@ def test_the_wrapt_line_says_whether_it_is_in_the_tested_range(
 
 # --- what deepcopy-shim requires, read from its installed metadata (deepcopy_shim._tested) ------
 
-def _with_requirements(monkeypatch: pytest.MonkeyPatch, requirements: Any) -> None:
+def _with_requirements(monkeypatch: pytest.MonkeyPatch,
+                       requirements: Union[List[str], BaseException]) -> None:
     """Make importlib.metadata answer `requirements` for deepcopy-shim (an exception: raise it)."""
     import importlib.metadata
 
