@@ -450,11 +450,16 @@ class Watched:
         return new
 
 
-def _fails_after_a_tensor_with_history(door: str) -> None:
-    root: Any = {"watched": Watched(), "t": with_history(), "fails": Fails()}
+def _fails_after_a_tensor_with_history(door: str) -> weakref.ref[torch.Tensor]:
+    """Copy a root that fails after a tensor with history; return a weak reference to that
+    tensor (the source's: the caller holds nothing else of it)."""
+    t = with_history()
+    root: Any = {"watched": Watched(), "t": t, "fails": Fails()}
     if door == "module":
-        root = Holder(Watched(), with_history())
+        root = Holder(Watched(), t)
         root.fails = Fails()
+    source = weakref.ref(t)
+    del t
     try:
         if door == "deepcopy()":
             deepcopy_shim.deepcopy(root, "warn")
@@ -465,6 +470,7 @@ def _fails_after_a_tensor_with_history(door: str) -> None:
             copy.deepcopy(root)
     except (ValueError, NonLeafTensorError):  # strict refuses the tensor before the failure
         pass
+    return source
 
 
 @pytest.mark.parametrize("mode", ["warn", "silent", "strict"])
@@ -477,8 +483,9 @@ def test_nothing_of_a_failed_copy_outlives_its_except(mode: str, door: str) -> N
         deepcopy_shim.enable(mode)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _fails_after_a_tensor_with_history(door)
+            source = _fails_after_a_tensor_with_history(door)
         assert Watched.copies and all(ref() is None for ref in Watched.copies)
+        assert source() is None  # nor of what it copied: no record of it is left open
     finally:
         gc.enable()
 

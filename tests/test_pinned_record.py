@@ -379,3 +379,25 @@ def test_a_module_copier_finds_its_record_by_identity_among_the_threads_open_one
     deepcopy_shim.enable("warn")
     messages = warned(lambda: copy.deepcopy([first, CopiesAModuleExplicitly(module)]))
     assert [m.paths for m in messages] == [("out",), ("[0]",)]
+
+
+class EnablesWarn:
+    """Its copy changes the global setting: a scope (the global one) ends inside a running copy."""
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> EnablesWarn:
+        deepcopy_shim.enable("warn")
+        return EnablesWarn()
+
+
+def test_a_setting_changed_inside_a_tensors_copy_never_compares_the_root() -> None:
+    """The records the change ends are told running or failed by the root's identity: a
+    tensor root (whose `==` is elementwise, and ambiguous as a truth) copies on and reports."""
+    t = torch.ones(3, requires_grad=True)
+    t.cache = with_history(2)
+    t.hook = EnablesWarn()
+    deepcopy_shim.enable("warn")
+    with pytest.warns(DetachedTensorsWarning) as caught:
+        new = copy.deepcopy(t)
+    (warning,) = caught
+    assert warning.message.paths == ("cache",)  # type: ignore[union-attr]
+    assert new.cache.is_leaf and new.cache.requires_grad and torch.equal(new.cache, t.cache)
