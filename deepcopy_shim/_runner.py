@@ -60,6 +60,8 @@ _USAGE = ("usage: python -m deepcopy_shim [--mode MODE] (script.py | -m package.
           "see --help")
 
 
+_NEEDS_A_VALUE = "--mode needs a value: warn, strict or silent"
+
 _ACTIONS = {"-h": "help", "--help": "help", "--check": "check", "--version": "version"}
 
 
@@ -86,7 +88,7 @@ def _parse(argv: Sequence[str]) -> _Command:
         if arg == "--mode" or arg.startswith("--mode="):
             if arg == "--mode":
                 if i + 1 >= len(argv):
-                    raise _UsageError("--mode needs a value: warn, strict or silent")
+                    raise _UsageError(_NEEDS_A_VALUE)
                 mode = argv[i + 1]
                 i += 2
             else:
@@ -113,10 +115,12 @@ def _parse(argv: Sequence[str]) -> _Command:
 def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
     """The setting to run with: --mode, else a mode named by DEEPCOPY_SHIM, else warn.
 
-    Raises _UsageError for a bad --mode, and for a bad DEEPCOPY_SHIM without --mode (the
+    Raises _UsageError for a bad or empty --mode, and for a bad DEEPCOPY_SHIM without --mode (the
     runner cannot guess what was meant, and must not run in a mode it was not asked for).
     """
     if explicit is not None:
+        if not explicit.strip():  # `--mode=$MODE` with MODE unset: not a request for off
+            raise _UsageError(_NEEDS_A_VALUE)
         try:
             mode = parse_mode(explicit, "--mode value")
         except ModeValueError as exc:

@@ -1,0 +1,219 @@
+"""The runner's decisions in this process: every form of its command line, what the program
+sees (its `__name__`, `sys.argv`, `sys.path[0]`, the variable its children inherit, the mode and
+what set it), and what reaches the caller (statuses, runpy's one line, the program's own
+exceptions unchanged).
+
+tests/test_activation_runner.py runs the same in a child interpreter, as users do; these run
+`deepcopy_shim._runner` in-process, so that a mutation run (CONTRIBUTING.md) sees them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+import deepcopy_shim
+from deepcopy_shim import _runner
+
+# What the program sees, written as JSON where RUNNER_PROBE says.
+PROBE = """\
+import json, os, sys
+import deepcopy_shim
+with open(os.environ["RUNNER_PROBE"], "w") as out:
+    json.dump({"name": __name__, "argv": sys.argv, "path0": sys.path[0],
+               "env": os.environ.get("DEEPCOPY_SHIM"), "mode": str(deepcopy_shim.current_mode())},
+              out)
+"""
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory holding scripts/prog.py, -dash.py and a module probe_pkg_{id}: the current
+    directory, with sys.argv, sys.path, sys.modules' probe entries and DEEPCOPY_SHIM restored after."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "prog.py").write_text(PROBE)
+    (tmp_path / "-dash.py").write_text(PROBE)
+    package = tmp_path / "probe_runner_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(PROBE)
+    (tmp_path / "probe_runner_mod.py").write_text(PROBE)
+    (tmp_path / "no_main").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["deepcopy-shim"])
+    monkeypatch.setattr(sys, "path", ["/the/runners/own/bin", *sys.path])
+    monkeypatch.setenv("RUNNER_PROBE", str(tmp_path / "probe.json"))
+    monkeypatch.delenv("DEEPCOPY_SHIM", raising=False)
+    for name in ("probe_runner_pkg", "probe_runner_pkg.__main__", "probe_runner_mod"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def seen(here: Path) -> Dict[str, Any]:
+    result: Dict[str, Any] = json.loads((here / "probe.json").read_text())
+    return result
+
+
+SCRIPT = os.path.join("scripts", "prog.py")
+
+
+@pytest.mark.parametrize(("args", "argv", "mode"), [
+    # runner options first; everything after the script is the program's, options included
+    (["--mode", "strict", SCRIPT, "--mode", "x", "-m", "y", "--help", "--"],
+     [SCRIPT, "--mode", "x", "-m", "y", "--help", "--"], "strict (from --mode strict)"),
+    (["--mode=silent", SCRIPT, "a"], [SCRIPT, "a"], "silent (from --mode silent)"),
+    (["--mode", "ON", SCRIPT], [SCRIPT], "warn (from --mode ON)"),
+    # the last --mode wins, as with python's own options
+    (["--mode", "strict", "--mode=silent", SCRIPT], [SCRIPT], "silent (from --mode silent)"),
+    ([SCRIPT], [SCRIPT], "warn (from --mode warn (the runner's default))"),
+    (["--", "-dash.py", "b"], ["-dash.py", "b"], "warn (from --mode warn (the runner's default))"),
+    (["--mode", "silent", "--", SCRIPT, "--"], [SCRIPT, "--"], "silent (from --mode silent)"),
+])
+def test_a_script_sees_its_own_argv_its_directory_first_and_the_mode(
+        here: Path, args: List[str], argv: List[str], mode: str) -> None:
+    assert _runner.run(args) == 0
+    got = seen(here)
+    assert got["name"] == "__main__" and got["argv"] == argv
+    assert got["path0"] == os.path.dirname(os.path.abspath(argv[0]))
+    assert got["mode"] == mode and got["env"] == mode.split()[0]
+    assert sys.argv == argv  # left as the program saw it, as python leaves it
+
+
+@pytest.mark.parametrize(("args", "target", "rest"), [
+    (["-m", "probe_runner_mod", "x", "--mode", "y"], "probe_runner_mod", ["x", "--mode", "y"]),
+    (["-mprobe_runner_mod", "x"], "probe_runner_mod", ["x"]),  # as python accepts it
+    (["--mode", "silent", "-m", "probe_runner_pkg"], "probe_runner_pkg", []),
+    (["-m", "probe_runner_pkg", "-m", "z"], "probe_runner_pkg", ["-m", "z"]),
+])
+def test_a_module_runs_as_python_m_runs_it(here: Path, args: List[str], target: str,
+                                           rest: List[str]) -> None:
+    assert _runner.run(args) == 0
+    got = seen(here)
+    file = here / (f"{target}.py" if target.endswith("mod") else f"{target}/__main__.py")
+    assert got["name"] == "__main__" and got["argv"] == [str(file), *rest]
+    assert got["path0"] == os.getcwd()  # the current directory, not the runner's bin/
+    mode = "silent" if "silent" in args else "warn"
+    assert got["env"] == mode and got["mode"].startswith(f"{mode} (from --mode ")
+
+
+@pytest.mark.parametrize(("env", "args", "mode", "env_after"), [
+    ("strict", [], "strict (from DEEPCOPY_SHIM=strict)", "strict"),  # kept
+    (" Silent ", [], "silent (from DEEPCOPY_SHIM=Silent)", "silent"),
+    ("strict", ["--mode", "silent"], "silent (from --mode silent)", "silent"),  # --mode wins
+    ("off", [], "warn (from --mode warn (the runner's default))", "warn"),  # running is the request
+    ("", [], "warn (from --mode warn (the runner's default))", "warn"),
+    ("warn", ["--mode", "off"], "None", "off"),  # the shim off: current_mode() is None
+    ("loud", ["--mode", "strict"], "strict (from --mode strict)", "strict"),  # --mode overrides it
+])
+def test_the_mode_comes_from_mode_else_the_environment_else_warn(
+        here: Path, monkeypatch: pytest.MonkeyPatch, env: str, args: List[str], mode: str,
+        env_after: str) -> None:
+    monkeypatch.setenv("DEEPCOPY_SHIM", env)
+    assert _runner.run([*args, SCRIPT]) == 0
+    got = seen(here)
+    assert got["mode"] == mode and got["env"] == env_after == os.environ["DEEPCOPY_SHIM"]
+    assert deepcopy_shim.is_enabled() is (env_after != "off")
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [
+    ([], None, "no program given: pass script.py or -m package.module"),
+    (["--"], None, "no program given"),
+    (["--mode", "strict"], None, "no program given"),
+    (["--mode"], None, "--mode needs a value: warn, strict or silent"),
+    (["--mode", "loud", SCRIPT], None, "invalid --mode value 'loud'; valid values are warn, strict, silent"),
+    (["--mode=", SCRIPT], None, "--mode needs a value: warn, strict or silent"),
+    (["--mode", " ", SCRIPT], None, "--mode needs a value"),
+    (["-m"], None, "-m needs a module name"),
+    (["--mode", "silent", "-m"], None, "-m needs a module name"),
+    (["--verbose", SCRIPT], None, "unknown option '--verbose' (runner options go before the script)"),
+    (["-x"], None, "unknown option '-x'"),
+    (["-"], None, "can't open file '-': no such file"),  # stdin is not run
+    (["missing.py"], None, "can't open file 'missing.py': no such file"),
+    (["--", "missing.py"], None, "can't open file 'missing.py'"),
+    ([SCRIPT], "loud", "invalid DEEPCOPY_SHIM='loud' (valid: "),
+])
+def test_a_usage_error_is_status_2_one_line_and_the_usage_and_runs_nothing(
+        here: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        args: List[str], env: Optional[str], said: str) -> None:
+    if env is not None:
+        monkeypatch.setenv("DEEPCOPY_SHIM", env)
+    assert _runner.run(args) == 2
+    out, err = capsys.readouterr()
+    first, usage = err.splitlines()
+    assert out == "" and first.startswith(f"deepcopy_shim: {said}"), first
+    assert "deepcopy_shim: deepcopy_shim" not in first
+    assert usage == ("usage: python -m deepcopy_shim [--mode MODE] (script.py | -m package.module) "
+                     "[args ...]; see --help")
+    assert not (here / "probe.json").exists() and not deepcopy_shim.is_enabled()
+    assert os.environ.get("DEEPCOPY_SHIM") == env and sys.argv == ["deepcopy-shim"]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["--mode", "strict", "-h"], ["--help", SCRIPT]])
+def test_help_is_the_whole_text_and_runs_nothing(here: Path, capsys: pytest.CaptureFixture[str],
+                                                 args: List[str]) -> None:
+    assert _runner.run(args) == 0
+    assert capsys.readouterr() == (_runner.HELP, "")
+    assert not (here / "probe.json").exists() and not deepcopy_shim.is_enabled()
+
+
+def test_version_and_check(here: Path, capsys: pytest.CaptureFixture[str],
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _runner.run(["--mode", "silent", "--version", SCRIPT]) == 0
+    assert capsys.readouterr() == (f"deepcopy-shim {deepcopy_shim.__version__}\n", "")
+    from deepcopy_shim import _doctor
+
+    for status in (0, 1):
+        monkeypatch.setattr(_doctor, "check", lambda status=status: status)
+        assert _runner.run(["--check", SCRIPT]) == status
+    assert not (here / "probe.json").exists() and not deepcopy_shim.is_enabled()
+
+
+@pytest.mark.parametrize(("args", "python_says"), [
+    (["-m", "no_such_module_for_the_runner"], "No module named no_such_module_for_the_runner"),
+    (["-m", "json.no_such_part"], "No module named json.no_such_part"),
+    (["no_main"], "can't find '__main__' module in 'no_main'"),
+])
+def test_what_runpy_cannot_find_is_its_one_line_and_status_1(
+        here: Path, capsys: pytest.CaptureFixture[str], args: List[str], python_says: str) -> None:
+    assert _runner.run(args) == 1
+    assert capsys.readouterr() == ("", f"deepcopy_shim: {python_says}\n")
+
+
+def test_the_programs_own_exceptions_arrive_unchanged(here: Path) -> None:
+    (here / "imports.py").write_text("import no_such_thing_here\n")
+    with pytest.raises(ModuleNotFoundError, match="no_such_thing_here") as raised:
+        _runner.run(["imports.py"])
+    assert raised.value.name == "no_such_thing_here"
+    (here / "plain.py").write_text("raise ImportError('the program says so')\n")
+    with pytest.raises(ImportError, match="the program says so"):
+        _runner.run(["plain.py"])
+    (here / "exits.py").write_text("raise SystemExit(3)\n")
+    with pytest.raises(SystemExit) as exited:
+        _runner.run(["exits.py"])
+    assert exited.value.code == 3
+    (here / "mod_fails.py").write_text("raise ImportError('from the module itself')\n")
+    with pytest.raises(ImportError, match="from the module itself"):
+        _runner.run(["-m", "mod_fails"])
+    sys.modules.pop("mod_fails", None)
+
+
+def test_main_exits_with_runs_status_and_returns_on_success(here: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert _runner.main(["--version"]) is None
+    assert _runner.main([SCRIPT]) is None and seen(here)["argv"] == [SCRIPT]
+    for args, status in (([], 2), (["-m", "no_such_module_for_the_runner"], 1)):
+        with pytest.raises(SystemExit) as exited:
+            _runner.main(args)
+        assert exited.value.code == status
+    capsys.readouterr()
+
+
+def test_without_arguments_run_reads_sys_argv(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["deepcopy-shim", "--mode", "silent", SCRIPT, "q"])
+    assert _runner.run() == 0
+    assert seen(here)["argv"] == [SCRIPT, "q"] and seen(here)["mode"] == "silent (from --mode silent)"
