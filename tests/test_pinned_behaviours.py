@@ -55,6 +55,17 @@ def test_warn_says_nothing_when_the_only_tensor_it_met_failed_and_the_copy_compl
     assert made == {"held": "fallback"}
 
 
+def test_warn_says_nothing_however_many_tensors_it_met_all_failed() -> None:
+    """The same with 300 tensors, each failed and caught: counts past Python's small-int cache
+    are compared by value (`is not` on two lengths of 300 would report 0 detached tensors)."""
+    root = [CatchesItsOnlyTensor() for _ in range(300)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with deepcopy_shim.enabled("warn"):
+            made = copy.deepcopy(root)
+    assert made == ["fallback"] * 300
+
+
 def test_strict_on_a_direct_deepcopy_call_has_torchs_error_as_its_cause() -> None:
     """Seeded: the refusal of a tensor copied with no deepcopy frame above it (the caller
     calls `t.__deepcopy__({})` itself) raised without its cause."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import sys
 import types
 import warnings
 from typing import Any, Dict, List
@@ -401,3 +402,39 @@ def test_a_setting_changed_inside_a_tensors_copy_never_compares_the_root() -> No
     (warning,) = caught
     assert warning.message.paths == ("cache",)  # type: ignore[union-attr]
     assert new.cache.is_leaf and new.cache.requires_grad and torch.equal(new.cache, t.cache)
+
+
+class ExceptIdiom:
+    """The "deep-copy all but" idiom: its `__deepcopy__` hides itself and one attribute, copies
+    itself again with the same memo (so the root's keep-alive append is made twice, first from
+    a frame that is not the root's), then copies what it left out."""
+
+    def __init__(self) -> None:
+        self.early = with_history()
+        self.extra = with_history(3)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> ExceptIdiom:
+        method, extra = self.__deepcopy__, self.extra
+        self.__deepcopy__, self.extra = None, None  # type: ignore[method-assign,assignment]
+        try:
+            new = copy.deepcopy(self, memo)
+        finally:
+            del self.__dict__["__deepcopy__"]
+            self.extra = extra
+        del new.__dict__["__deepcopy__"]
+        new.extra = copy.deepcopy(extra, memo)
+        return new
+
+
+def test_a_root_that_copies_itself_again_is_one_copy_reported_once() -> None:
+    """Only the root's own frame ends its copy.  Frames are allocated in a different order on
+    each round (the frames made and freed before it), so the inner frame's id falls both below
+    and above the root's: no order of ids can stand for their identity."""
+    deepcopy_shim.enable("warn")
+    for round_ in range(40):
+        made_and_freed = [sys._getframe() for _ in range(round_ % 7)]
+        del made_and_freed
+        with pytest.warns(DetachedTensorsWarning) as caught:
+            new = copy.deepcopy(ExceptIdiom())
+        assert [w.message.paths for w in caught] == [("early", "extra")], round_  # type: ignore[union-attr]
+        assert new.extra.is_leaf and new.early.is_leaf and "__deepcopy__" not in vars(new)
