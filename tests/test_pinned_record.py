@@ -414,7 +414,7 @@ class ExceptIdiom:
         self.extra = with_history(3)
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> ExceptIdiom:
-        method, extra = self.__deepcopy__, self.extra
+        extra = self.extra
         self.__deepcopy__, self.extra = None, None  # type: ignore[method-assign,assignment]
         try:
             new = copy.deepcopy(self, memo)

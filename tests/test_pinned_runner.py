@@ -173,15 +173,19 @@ def test_version_and_check(here: Path, capsys: pytest.CaptureFixture[str],
     assert not (here / "probe.json").exists() and not deepcopy_shim.is_enabled()
 
 
-@pytest.mark.parametrize(("args", "python_says"), [
-    (["-m", "no_such_module_for_the_runner"], "No module named no_such_module_for_the_runner"),
-    (["-m", "json.no_such_part"], "No module named json.no_such_part"),
-    (["no_main"], "can't find '__main__' module in 'no_main'"),
-])
+@pytest.mark.parametrize("args", [["-m", "no_such_module_for_the_runner"], ["-m", "json.no_such_part"],
+                                  ["no_main"]])
 def test_what_runpy_cannot_find_is_its_one_line_and_status_1(
-        here: Path, capsys: pytest.CaptureFixture[str], args: List[str], python_says: str) -> None:
+        here: Path, capsys: pytest.CaptureFixture[str], args: List[str]) -> None:
+    import runpy
+
+    with pytest.raises(ImportError) as runpy_says:  # runpy's own words, in this Python's version
+        if args[0] == "-m":
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(args[0], run_name="__main__")
     assert _runner.run(args) == 1
-    assert capsys.readouterr() == ("", f"deepcopy_shim: {python_says}\n")
+    assert capsys.readouterr() == ("", f"deepcopy_shim: {runpy_says.value}\n")
 
 
 def test_the_programs_own_exceptions_arrive_unchanged(here: Path) -> None:
