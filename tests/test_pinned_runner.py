@@ -43,13 +43,14 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (package / "__init__.py").write_text("")
     (package / "__main__.py").write_text(PROBE)
     (tmp_path / "probe_runner_mod.py").write_text(PROBE)
+    (tmp_path / "q.py").write_text(PROBE)
     (tmp_path / "no_main").mkdir()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["deepcopy-shim"])
     monkeypatch.setattr(sys, "path", ["/the/runners/own/bin", *sys.path])
     monkeypatch.setenv("RUNNER_PROBE", str(tmp_path / "probe.json"))
     monkeypatch.delenv("DEEPCOPY_SHIM", raising=False)
-    for name in ("probe_runner_pkg", "probe_runner_pkg.__main__", "probe_runner_mod"):
+    for name in ("probe_runner_pkg", "probe_runner_pkg.__main__", "probe_runner_mod", "q"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return tmp_path
 
@@ -70,6 +71,10 @@ SCRIPT = os.path.join("scripts", "prog.py")
     (["--mode", "ON", SCRIPT], [SCRIPT], "warn (from --mode ON)"),
     # the last --mode wins, as with python's own options
     (["--mode", "strict", "--mode=silent", SCRIPT], [SCRIPT], "silent (from --mode silent)"),
+    (["--mode=strict", "--mode", "silent", SCRIPT, "c"], [SCRIPT, "c"], "silent (from --mode silent)"),
+    # a long line of options: positions past Python's small-int cache are compared by value
+    (["--mode", "strict"] * 150 + ["--mode=silent", SCRIPT], [SCRIPT], "silent (from --mode silent)"),
+    (["--mode", "silent"] * 150 + ["--", SCRIPT], [SCRIPT], "silent (from --mode silent)"),
     ([SCRIPT], [SCRIPT], "warn (from --mode warn (the runner's default))"),
     (["--", "-dash.py", "b"], ["-dash.py", "b"], "warn (from --mode warn (the runner's default))"),
     (["--mode", "silent", "--", SCRIPT, "--"], [SCRIPT, "--"], "silent (from --mode silent)"),
@@ -86,18 +91,21 @@ def test_a_script_sees_its_own_argv_its_directory_first_and_the_mode(
 
 @pytest.mark.parametrize(("args", "target", "rest"), [
     (["-m", "probe_runner_mod", "x", "--mode", "y"], "probe_runner_mod", ["x", "--mode", "y"]),
-    (["-mprobe_runner_mod", "x"], "probe_runner_mod", ["x"]),  # as python accepts it
+    (["-mprobe_runner_mod", "x", "y"], "probe_runner_mod", ["x", "y"]),  # as python accepts it
+    (["--mode=silent", "-mprobe_runner_mod", "x"], "probe_runner_mod", ["x"]),
+    (["-mq", "x", "y"], "q", ["x", "y"]),  # a one-letter module
     (["--mode", "silent", "-m", "probe_runner_pkg"], "probe_runner_pkg", []),
+    (["--mode=silent", "-m", "probe_runner_mod", "x"], "probe_runner_mod", ["x"]),
     (["-m", "probe_runner_pkg", "-m", "z"], "probe_runner_pkg", ["-m", "z"]),
 ])
 def test_a_module_runs_as_python_m_runs_it(here: Path, args: List[str], target: str,
                                            rest: List[str]) -> None:
     assert _runner.run(args) == 0
     got = seen(here)
-    file = here / (f"{target}.py" if target.endswith("mod") else f"{target}/__main__.py")
+    file = here / (f"{target}/__main__.py" if target.endswith("pkg") else f"{target}.py")
     assert got["name"] == "__main__" and got["argv"] == [str(file), *rest]
     assert got["path0"] == os.getcwd()  # the current directory, not the runner's bin/
-    mode = "silent" if "silent" in args else "warn"
+    mode = "silent" if any(arg.endswith("silent") for arg in args) else "warn"
     assert got["env"] == mode and got["mode"].startswith(f"{mode} (from --mode ")
 
 
@@ -125,11 +133,19 @@ def test_the_mode_comes_from_mode_else_the_environment_else_warn(
     (["--"], None, "no program given"),
     (["--mode", "strict"], None, "no program given"),
     (["--mode"], None, "--mode needs a value: warn, strict or silent"),
+    (["--mode=silent", "--mode"], None, "--mode needs a value"),
+    (["--mode", "strict"] * 150, None, "no program given"),
+    (["--mode", "strict"] * 150 + ["--"], None, "no program given"),
+    (["--mode", "strict"] * 150 + ["--mode"], None, "--mode needs a value"),
+    (["--mode", "strict"] * 150 + ["-m"], None, "-m needs a module name"),
+    (["--mode=warn=strict", SCRIPT], None, "invalid --mode value 'warn=strict'"),
+    (["--mode", "deepcopy_shim: loud", SCRIPT], None, "invalid --mode value 'deepcopy_shim: loud'"),
     (["--mode", "loud", SCRIPT], None, "invalid --mode value 'loud'; valid values are warn, strict, silent"),
     (["--mode=", SCRIPT], None, "--mode needs a value: warn, strict or silent"),
     (["--mode", " ", SCRIPT], None, "--mode needs a value"),
     (["-m"], None, "-m needs a module name"),
     (["--mode", "silent", "-m"], None, "-m needs a module name"),
+    (["--mode=silent", "-m"], None, "-m needs a module name"),
     (["--verbose", SCRIPT], None, "unknown option '--verbose' (runner options go before the script)"),
     (["-x"], None, "unknown option '-x'"),
     (["-"], None, "can't open file '-': no such file"),  # stdin is not run
