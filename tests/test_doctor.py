@@ -14,7 +14,7 @@ import wrapt
 from support.processes import DEV_PYTHON, REPO, clean_env, describe, run, stderr_lines
 
 import deepcopy_shim
-from deepcopy_shim import _doctor
+from deepcopy_shim import DetachedTensorsWarning, _doctor
 
 
 def check(capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
@@ -57,6 +57,10 @@ def test_the_platform_line_names_the_system_the_machine_and_the_libc(
 
     monkeypatch.setattr(platform, "libc_ver", unreadable)
     assert _doctor._platform_line() == "Linux 6.8.0-45-generic aarch64, libc unknown"
+    monkeypatch.setattr(platform, "system", lambda: "Windows")
+    monkeypatch.setattr(platform, "release", lambda: "10")
+    monkeypatch.setattr(platform, "machine", lambda: "AMD64")
+    assert _doctor._platform_line() == "Windows 10 AMD64"  # no libc to name outside Linux
     monkeypatch.setattr(platform, "system", lambda: "Darwin")
     monkeypatch.setattr(platform, "release", lambda: "23.4.0")
     monkeypatch.setattr(platform, "machine", lambda: "arm64")
@@ -180,6 +184,10 @@ def fake_torch(cuda: Optional[str] = None, hip: Optional[str] = None, available:
     )
 
 
+def _refuse_at_length(length: int) -> bool:
+    raise RuntimeError("x" * length)  # the reason is cut at 200 characters, "RuntimeError: " included
+
+
 def _refuse() -> bool:
     raise RuntimeError("CUDA driver initialization failed,\nyou might not have a CUDA gpu.")
 
@@ -197,6 +205,8 @@ def _refuse() -> bool:
      "CUDA 12.1, 2 devices: NVIDIA A100-SXM4-80GB, Tesla T4"),
     (fake_torch(hip="6.2.41133", available=True, names=("AMD Instinct MI300X",)),
      "ROCm/HIP 6.2.41133, 1 device: AMD Instinct MI300X"),
+    (fake_torch(cuda="12.8", available=lambda: _refuse_at_length(300)),
+     "no CUDA: torch built with CUDA 12.8, its device query failed (RuntimeError: " + "x" * 186 + ")"),
     (fake_torch(mps=True), "no CUDA (torch built without CUDA); MPS available"),
     (fake_torch(mps=False), "no CUDA (torch built without CUDA); MPS built, not available"),
 ])
@@ -340,3 +350,111 @@ def test_the_start_up_line_for_a_requirement_that_cannot_be_imported_says_how_to
     (said,) = stderr_lines(proc)
     assert "start-up activation by DEEPCOPY_SHIM failed (ModuleNotFoundError" in said, describe(proc)
     assert 'the shim stays off; to fix it: pip install --force-reinstall "wrapt' in said, describe(proc)
+
+
+# --- the self-test judges what the shim does: each way of getting it wrong is named ----------
+
+def _misbehaving(monkeypatch: pytest.MonkeyPatch, **per_mode: Callable[[torch.Tensor], Any]) -> None:
+    """Make copy.deepcopy, for the modes named (off, silent, warn, strict), do what is given."""
+    import copy
+
+    real = copy.deepcopy
+
+    def deepcopy(x: Any, memo: Any = None) -> Any:
+        mode = deepcopy_shim.current_mode()
+        how = per_mode.get(mode.mode.value if mode is not None else "off")
+        return real(x, memo) if how is None else how(x)
+
+    monkeypatch.setattr(copy, "deepcopy", deepcopy)
+
+
+def _raise(error: BaseException) -> Callable[[torch.Tensor], Any]:
+    def raises(_: torch.Tensor) -> Any:
+        raise error
+    return raises
+
+
+def _warns(*categories: type) -> Callable[[torch.Tensor], Any]:
+    def warns(t: torch.Tensor) -> Any:
+        for category in categories:
+            warnings.warn("x", category, stacklevel=1)
+        return t.detach().clone().requires_grad_()
+    return warns
+
+
+def _refused(paths: Tuple[str, ...]) -> Callable[[torch.Tensor], Any]:
+    def refuses(t: torch.Tensor) -> Any:
+        raise deepcopy_shim.NonLeafTensorError("refused", paths=paths, mode=deepcopy_shim.Mode.STRICT,
+                                               tensors=[t] * len(paths))
+    return refuses
+
+
+_WRONG = {
+    "torch copies itself": ({"off": lambda t: t.detach()},
+                            "torch copies non-leaf tensors itself: the shim is not needed here"),
+    "another refusal": ({"off": _raise(RuntimeError("no"))},
+                        "torch refuses non-leaf tensors with an unknown message: no"),
+    "silent keeps history": ({"silent": lambda t: t * 1}, "mode silent did not make a detached leaf"),
+    "silent drops requires_grad": ({"silent": lambda t: t.detach().clone()}, "mode silent did not make"),
+    "silent other values": ({"silent": lambda t: (t.detach() + 1).requires_grad_()},
+                            "mode silent did not make"),
+    "silent shares the storage": ({"silent": lambda t: t.detach().requires_grad_()},
+                                  "mode silent did not make"),
+    "warn silent": ({"warn": _warns()}, "mode warn emitted [], not one DetachedTensorsWarning"),
+    "warn twice": ({"warn": _warns(DetachedTensorsWarning, DetachedTensorsWarning)},
+                   "mode warn emitted ['DetachedTensorsWarning', 'DetachedTensorsWarning']"),
+    "warn another warning": ({"warn": _warns(UserWarning)}, "mode warn emitted ['UserWarning']"),
+    "strict copies": ({"strict": lambda t: t.detach().clone()}, "mode strict copied a non-leaf tensor"),
+    "strict names another": ({"strict": _refused(("x",))}, "mode strict named ('x',), not the copied"),
+    "strict names nothing": ({"strict": _refused(())}, "mode strict named (), not the copied tensor"),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(_WRONG))
+def test_the_self_test_names_each_way_the_shim_can_get_it_wrong(
+        monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
+    per_mode, problem = _WRONG[wrong]
+    _misbehaving(monkeypatch, **per_mode)
+    found = _doctor._self_test()
+    assert len(found) == 1 and found[0].startswith(problem), found
+
+
+def test_the_self_test_passes_on_the_real_shim() -> None:
+    assert _doctor._self_test() == []
+
+
+def test_without_wrapt_the_self_test_is_skipped_and_without_torch_it_is_a_problem(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wrapt", None)
+    _, out, _ = check(capsys)
+    assert "  self-test      skipped (the patch needs wrapt)" in out.splitlines()
+    monkeypatch.setitem(sys.modules, "torch", None)
+    status, out, _ = check(capsys)
+    assert status == 1 and "  torch " not in out and "self-test" not in out
+    assert "  problem: torch cannot be imported (ModuleNotFoundError: import of torch halted; None in " \
+           "sys.modules)" in out.splitlines()
+
+
+def test_a_self_test_that_cannot_run_says_why_once(capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot_install() -> List[str]:
+        raise RuntimeError("deepcopy_shim: cannot install: torch.nn.Module already\n   defines "
+                           "__deepcopy__ (set by deepcopy_shim: a test)")
+
+    monkeypatch.setattr(_doctor, "_self_test", cannot_install)
+    status, out, err = check(capsys)
+    said = "cannot install: torch.nn.Module already defines __deepcopy__ (set by deepcopy_shim: a test)"
+    assert status == 1 and f"  problem: {said}" in out.splitlines()
+    assert err == f"deepcopy_shim --check: {said}\n"
+
+
+def test_the_one_line_names_the_first_problem_and_a_value_is_quoted_whole(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_doctor, "find_startup_hook", lambda: None)
+    monkeypatch.setenv("DEEPCOPY_SHIM", "deepcopy_shim: loud")
+    status, out, err = check(capsys)
+    problems = [line for line in out.splitlines() if line.startswith("  problem: ")]
+    assert status == 1 and len(problems) == 2
+    assert problems[1].startswith("  problem: invalid DEEPCOPY_SHIM value 'deepcopy_shim: loud'")
+    assert err == f"deepcopy_shim --check: {problems[0][len('  problem: '):]}\n"
+    assert "deepcopy_shim.pth is not in this environment's site-packages" in err
