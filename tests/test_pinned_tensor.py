@@ -398,3 +398,27 @@ def test_slots_of_a_subclass_with_history_are_deep_copied_through_the_memo_as_a_
     assert made.scale is made_scale and made_scale is not t.scale
     assert torch.equal(made_scale, t.scale)
     assert not hasattr(made, "unset") and not hasattr(t, "unset")
+
+
+def test_a_retained_grad_is_met_before_the_tensors_dict_as_torch_copies_them() -> None:
+    """torch's own copy takes `.grad` before `__dict__`: a retained grad with history and a
+    tensor with history in the dict are named in that order by warn, strict and
+    find_nonleaf_tensors alike."""
+    weight = torch.ones(3, requires_grad=True)
+    t = weight * 2
+    t.retain_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's note on create_graph=True
+        (t ** 2).sum().backward(create_graph=True)
+    assert t.grad is not None and t.grad.grad_fn is not None
+    t.cache = weight * 3
+    root = {"t": t}
+    order = ("['t']", "['t'].grad", "['t'].cache")
+    with deepcopy_shim.enabled("warn"), pytest.warns(DetachedTensorsWarning) as caught:
+        new = copy.deepcopy(root)
+    assert [w.message.paths for w in caught] == [order]  # type: ignore[union-attr]
+    assert new["t"].grad is not None and new["t"].grad.is_leaf and torch.equal(new["t"].grad, t.grad)
+    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as refused:
+        copy.deepcopy(root)
+    assert refused.value.paths == order
+    assert tuple(path for path, _ in deepcopy_shim.find_nonleaf_tensors(root)) == order
