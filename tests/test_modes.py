@@ -178,3 +178,106 @@ def test_a_text_doors_message_lists_only_what_can_be_written_there(what: str) ->
     assert message.startswith(f"deepcopy_shim: invalid {what} 'loud'; valid values are warn, ")
     assert message.endswith("(in any case)")
     assert "True/False" not in message and "Mode members" not in message
+
+
+# --- ModeSetting's contract, and what the help texts promise (the _modes triage) ---------------
+
+def test_a_setting_without_a_template_fills_how_as_its_template() -> None:
+    setting = ModeSetting(Mode.STRICT, Source.ENVIRONMENT, "DEEPCOPY_SHIM={}")
+    assert setting.how == "DEEPCOPY_SHIM=strict" and str(setting) == "strict (from DEEPCOPY_SHIM=strict)"
+    assert setting.spelled("silent") == "DEEPCOPY_SHIM=silent" and setting.spelled() == setting.how
+    # with a template, `how` is kept as written, braces and all
+    written = ModeSetting("warn", Source.PYTEST, "`deepcopy_shim = {on}` in the ini file",
+                          "`deepcopy_shim = {}` in the ini file")
+    assert written.how == "`deepcopy_shim = {on}` in the ini file"
+    assert written.spelled("strict") == "`deepcopy_shim = strict` in the ini file"
+
+
+def test_settings_are_equal_exactly_when_mode_source_and_how_are() -> None:
+    a = ModeSetting(Mode.WARN, Source.CODE, "b", "{}")
+    assert a == ModeSetting(Mode.WARN, Source.CODE, "b", "other {}") and hash(a) == hash(
+        ModeSetting(Mode.WARN, Source.CODE, "b", "other {}"))
+    others = [ModeSetting(mode, source, how, "{}") for mode, source, how in (
+        (Mode.WARN, Source.CODE, "a"), (Mode.WARN, Source.CODE, "c"),
+        (Mode.STRICT, Source.CODE, "b"), (Mode.WARN, Source.SCOPE, "b"))]
+    for other in others:
+        assert a != other and other != a and not (a == other) and not (other == a)
+    assert a != "warn" and (a == object()) is False
+
+
+def test_the_help_texts_list_exactly_the_words_a_text_door_accepts() -> None:
+    """The runner's --help and the pytest option's help name the on and off words: each one
+    they name is accepted, and each accepted word but the empty one is named."""
+    import re
+
+    from deepcopy_shim import _runner, pytest_plugin
+    from deepcopy_shim._modes import parse_mode
+
+    for text, pattern in ((_runner.HELP, r"also (\S+) \(warn\) and (\S+) \(run with the shim off\)"),
+                          (pytest_plugin._option_help(), r"also (\S+) for warn; (\S+) for off")):
+        found = re.search(pattern, " ".join(text.split()))
+        assert found is not None, text
+        on, off = found.group(1).split("/"), found.group(2).split("/")
+        assert on == list(ON_WORDS) and off == [w for w in OFF_WORDS if w]
+        assert all(parse_mode(w, "--mode value") is Mode.WARN for w in on)
+        assert all(parse_mode(w, "--mode value") is None for w in off)
+
+
+def test_a_task_cannot_leave_the_scope_its_parent_task_entered() -> None:
+    """A task inherits its parent's scopes (its context), not the right to leave them."""
+    scope = deepcopy_shim.enabled("silent")
+
+    async def parent() -> str:
+        scope.start()
+
+        async def child() -> str:
+            try:
+                scope.stop()
+            except RuntimeError as exc:
+                return str(exc)
+            return "left"
+
+        said = await asyncio.create_task(child())
+        assert deepcopy_shim.current_mode() is not None  # still the parent's scope
+        scope.stop()
+        assert deepcopy_shim.current_mode() is None
+        return said
+
+    assert asyncio.run(parent()).startswith("deepcopy_shim.enabled.stop() without a matching start()")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_changes_the_global_setting_can_change_it() -> None:
+    """The lock that guards the global setting is made anew in a forked child: the thread
+    that held it at the fork does not exist there."""
+    import os
+    import signal
+
+    from deepcopy_shim import _modes
+
+    held, release = threading.Event(), threading.Event()
+
+    def holds_the_lock() -> None:
+        with _modes._global_lock:
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=holds_the_lock)
+    thread.start()
+    held.wait()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: one thread, which must not wait for the other's lock
+            signal.alarm(10)
+            code = 1
+            try:
+                deepcopy_shim.enable("silent")
+                deepcopy_shim.disable()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
