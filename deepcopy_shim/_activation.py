@@ -77,6 +77,8 @@ def set_global(setting: Optional[ModeSetting]) -> None:
     if setting is None:
         if _modes.swap_global(None) is not None:
             _patch.release()
+        else:
+            _patch.settle()  # in a forked child, users forgotten at the fork may have left it
         return
     _patch.acquire()  # the user is counted before the setting is visible, and undone on failure
     if _modes.swap_global(setting) is not None:

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 from ._errors import PatchConflictWarning, TorchCompatibilityWarning
 from ._notices import notify, warn_in_user_code
 
-__all__ = ["acquire", "holding", "inert_reason", "release", "state"]
+__all__ = ["acquire", "holding", "inert_reason", "release", "settle", "state"]
 
 # Guards the five variables below.  Held only for reads, counts and attribute writes: never
 # while importing or warning (warning filters and showwarning hooks run arbitrary code).
@@ -159,6 +159,13 @@ def release(here: bool = False) -> None:
                 _users_here[ident] = left
             else:
                 _users_here.pop(ident, None)
+    _sync()
+
+
+def settle() -> None:
+    """Bring torch in line with the users counted now, releasing none: `disable()` with no
+    user of its own to release calls it, so that the users a forked child forgot (see
+    `_forget_other_threads`) leave no patch behind once nothing else holds it."""
     _sync()
 
 

@@ -335,3 +335,93 @@ def test_a_task_that_inherited_a_scope_cannot_take_its_patch_away() -> None:
             scope.stop()
 
     assert asyncio.run(main())
+
+
+# --- fork: each thread's users counted apart, so a child forgets exactly the others' ------------
+
+_FORK_CHILD = """
+import copy, os, threading, torch, deepcopy_shim
+from deepcopy_shim import _patch
+ORIGINAL = vars(torch.Tensor)["__deepcopy__"]
+def fork_and(child):
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+"""
+
+
+def _run_forking(code: str) -> str:
+    import os
+
+    done = subprocess.run([sys.executable, "-c", _FORK_CHILD + textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "DEEPCOPY_SHIM": ""})
+    return done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_child_forgets_the_scopes_another_thread_still_holds_however_nested() -> None:
+    """Another thread entered three scopes and left one; this thread holds one and forks.  In
+    the child its own scope still copies, and leaving it removes the patch."""
+    said = _run_forking("""
+        entered, leave = threading.Event(), threading.Event()
+        def other():
+            a, b, c = (deepcopy_shim.enabled("silent") for _ in range(3))
+            with a, b:
+                with c:
+                    pass
+                entered.set(); leave.wait(20)
+        thread = threading.Thread(target=other); thread.start(); entered.wait(20)
+        mine = deepcopy_shim.enabled("silent")
+        def child():
+            made = copy.deepcopy(torch.ones(2, requires_grad=True) * 2)  # in its own scope
+            mine.stop()
+            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
+            return 0 if made.is_leaf and _patch.state() == "off" and restored else 4
+        mine.start()
+        status = fork_and(child)
+        mine.stop()
+        leave.set(); thread.join()
+        print("child", status, _patch.state())
+    """)
+    assert said.strip().endswith("child 0 off"), said
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_child_forgets_a_strict_refusal_another_thread_is_reading() -> None:
+    """Another thread reads a strict refusal after its copy (its survey counts a user of the
+    patch while it copies again); this thread forks meanwhile: the child can remove the patch."""
+    said = _run_forking("""
+        inside, leave = threading.Event(), threading.Event()
+        class WaitsInTheSurvey:
+            calls = 0
+            def __init__(self):
+                self.t = torch.ones(2, requires_grad=True) * 2
+            def __deepcopy__(self, memo):
+                WaitsInTheSurvey.calls += 1
+                if WaitsInTheSurvey.calls == 2:  # the survey's copy
+                    inside.set(); leave.wait(20)
+                new = WaitsInTheSurvey.__new__(WaitsInTheSurvey)
+                new.t = copy.deepcopy(self.t, memo)
+                return new
+        def other():
+            try:
+                with deepcopy_shim.enabled("strict"):
+                    copy.deepcopy(WaitsInTheSurvey())
+            except deepcopy_shim.NonLeafTensorError as err:
+                str(err)  # read after the copy: the survey runs here
+        thread = threading.Thread(target=other); thread.start(); inside.wait(20)
+        def child():
+            deepcopy_shim.disable()
+            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
+            return 0 if _patch.state() == "off" and restored else 4
+        status = fork_and(child)
+        leave.set(); thread.join()
+        print("child", status)
+    """)
+    assert said.strip().endswith("child 0"), said
