@@ -366,14 +366,14 @@ def _run_forking(code: str) -> str:
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
 def test_a_child_forgets_the_scopes_another_thread_still_holds_however_nested() -> None:
-    """Another thread entered three scopes and left one; this thread holds one and forks.  In
+    """Another thread entered four scopes and left one; this thread holds one and forks.  In
     the child its own scope still copies, and leaving it removes the patch."""
     said = _run_forking("""
         entered, leave = threading.Event(), threading.Event()
         def other():
-            a, b, c = (deepcopy_shim.enabled("silent") for _ in range(3))
-            with a, b:
-                with c:
+            a, b, c, d = (deepcopy_shim.enabled("silent") for _ in range(4))
+            with a, b, c:
+                with d:
                     pass
                 entered.set(); leave.wait(20)
         thread = threading.Thread(target=other); thread.start(); entered.wait(20)
@@ -425,3 +425,22 @@ def test_a_child_forgets_a_strict_refusal_another_thread_is_reading() -> None:
         print("child", status)
     """)
     assert said.strip().endswith("child 0"), said
+
+
+def test_threads_that_left_their_scopes_leave_no_count_behind() -> None:
+    """A service running scopes in many short-lived threads: the per-thread counts of the
+    patch's users (what a forked child forgets) hold no entry for a thread that left them."""
+    import threading
+
+    from deepcopy_shim import _patch
+
+    def work() -> None:
+        with deepcopy_shim.enabled("silent"), deepcopy_shim.enabled("warn"):
+            pass
+
+    threads = [threading.Thread(target=work) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert _patch._users_here == {}
