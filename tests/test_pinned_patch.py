@@ -437,6 +437,11 @@ def test_threads_that_left_their_scopes_leave_no_count_behind() -> None:
     def work() -> None:
         with deepcopy_shim.enabled("silent"), deepcopy_shim.enabled("warn"):
             pass
+        try:
+            with deepcopy_shim.enabled("strict"):
+                copy.deepcopy({"t": with_history()})
+        except deepcopy_shim.NonLeafTensorError as refused:
+            str(refused)  # read after the copy: its survey holds the patch while it runs
 
     threads = [threading.Thread(target=work) for _ in range(20)]
     for thread in threads:
@@ -444,3 +449,45 @@ def test_threads_that_left_their_scopes_leave_no_count_behind() -> None:
     for thread in threads:
         thread.join()
     assert _patch._users_here == {}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_child_keeps_the_global_setting_another_thread_made() -> None:
+    """enable() in another thread is the process's setting, not that thread's: a child forked
+    from this thread keeps it, copies with it, and disable() there releases it exactly."""
+    said = _run_forking("""
+        thread = threading.Thread(target=lambda: deepcopy_shim.enable("silent"))
+        thread.start(); thread.join()
+        def child():
+            made = copy.deepcopy(torch.ones(2, requires_grad=True) * 2)
+            deepcopy_shim.disable()
+            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
+            return 0 if made.is_leaf and _patch.state() == "off" and restored else 4
+        print("child", fork_and(child))
+        deepcopy_shim.disable()
+    """)
+    assert said.strip().endswith("child 0"), said
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_grandchild_forked_from_another_thread_of_the_child_forgets_the_childs_scope() -> None:
+    """The forking thread's own count goes on in the child: when another thread of the child
+    forks again, the grandchild forgets that scope as well."""
+    said = _run_forking("""
+        scope = deepcopy_shim.enabled("silent")
+        scope.start()
+        def child():
+            result = []
+            def forks_again():
+                def grandchild():
+                    deepcopy_shim.disable()
+                    restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
+                    return 0 if _patch.state() == "off" and restored else 5
+                result.append(fork_and(grandchild))
+            thread = threading.Thread(target=forks_again); thread.start(); thread.join()
+            scope.stop()
+            return result[0]
+        print("child", fork_and(child))
+        scope.stop()
+    """)
+    assert said.strip().endswith("child 0"), said
