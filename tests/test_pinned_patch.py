@@ -491,3 +491,30 @@ def test_a_grandchild_forked_from_another_thread_of_the_child_forgets_the_childs
         scope.stop()
     """)
     assert said.strip().endswith("child 0"), said
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_disable_called_inside_another_threads_scope_releases_the_global_user_only() -> None:
+    """disable() releases enable()'s user, which is no thread's: called from a thread that is
+    in a scope, it leaves that thread's count alone, so a child forked elsewhere forgets the
+    scope and can remove the patch."""
+    said = _run_forking("""
+        deepcopy_shim.enable("warn")
+        entered, leave = threading.Event(), threading.Event()
+        def other():
+            with deepcopy_shim.enabled("silent"):
+                deepcopy_shim.disable()
+                entered.set(); leave.wait(20)
+        thread = threading.Thread(target=other); thread.start(); entered.wait(20)
+        mine = deepcopy_shim.enabled("silent")
+        def child():
+            mine.stop()
+            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
+            return 0 if _patch.state() == "off" and restored else 4
+        mine.start()
+        status = fork_and(child)
+        mine.stop()
+        leave.set(); thread.join()
+        print("child", status)
+    """)
+    assert said.strip().endswith("child 0"), said
