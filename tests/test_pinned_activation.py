@@ -310,3 +310,16 @@ def test_decorating_a_test_case_leaves_its_other_test_named_attributes_alone() -
     assert vars(Cases)["test_limit"] == 3
     assert vars(Cases)["test_generated"] is test_generated
     assert vars(Cases)["test_it"].__wrapped__.__name__ == "test_it"  # the test itself is decorated
+
+
+def test_a_scope_made_for_a_door_says_how_that_door_wrote_it() -> None:
+    """The pytest marker's scope: without `how`, the setting is written as the template filled
+    with the mode as given; with it, as `how` says (the fixture's wording)."""
+    from deepcopy_shim import Source, _activation
+
+    with _activation.scope("strict", Source.PYTEST, "@pytest.mark.deepcopy_shim({!r})"):
+        assert str(deepcopy_shim.current_mode()) == "strict (from @pytest.mark.deepcopy_shim('strict'))"
+        assert deepcopy_shim.current_mode().spelled("silent") == (  # type: ignore[union-attr]
+            "@pytest.mark.deepcopy_shim('silent')")
+    with _activation.scope("silent", Source.PYTEST, "fixture {!r}", how="the deepcopy_shim fixture"):
+        assert str(deepcopy_shim.current_mode()) == "silent (from the deepcopy_shim fixture)"

@@ -437,6 +437,7 @@ def test_threads_that_left_their_scopes_leave_no_count_behind() -> None:
     def work() -> None:
         with deepcopy_shim.enabled("silent"), deepcopy_shim.enabled("warn"):
             pass
+        deepcopy_shim.deepcopy({"t": with_history()}, "silent")
         try:
             with deepcopy_shim.enabled("strict"):
                 copy.deepcopy({"t": with_history()})
@@ -514,6 +515,29 @@ def test_disable_called_inside_another_threads_scope_releases_the_global_user_on
         mine.start()
         status = fork_and(child)
         mine.stop()
+        leave.set(); thread.join()
+        print("child", status)
+    """)
+    assert said.strip().endswith("child 0"), said
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_child_forgets_a_deepcopy_call_another_thread_is_in() -> None:
+    """deepcopy_shim.deepcopy(x, mode) counts a user of its own thread while it copies: a child
+    forked meanwhile from another thread forgets it and can remove the patch."""
+    said = _run_forking("""
+        inside, leave = threading.Event(), threading.Event()
+        class Waits:
+            def __deepcopy__(self, memo):
+                inside.set(); leave.wait(20)
+                return Waits()
+        thread = threading.Thread(target=lambda: deepcopy_shim.deepcopy(Waits(), "silent"))
+        thread.start(); inside.wait(20)
+        def child():
+            deepcopy_shim.disable()
+            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
+            return 0 if _patch.state() == "off" and restored else 4
+        status = fork_and(child)
         leave.set(); thread.join()
         print("child", status)
     """)
