@@ -764,3 +764,24 @@ def test_every_root_every_memo_every_fallback_names_the_same_and_calls_what_nati
         assert expected == [] or all(p.endswith(".cache") for p in expected)
     else:
         assert list(refused.paths) == expected and not incomplete(refused)
+
+
+class ShapeUnknown(torch.Tensor):
+    """A subclass whose shape cannot be read (a property that raises): the message names its
+    layout instead, and never fails."""
+
+    @property
+    def shape(self) -> Any:  # type: ignore[override]
+        raise RuntimeError("no shape here")
+
+    def new_empty(self, *args: Any, **kwargs: Any) -> Any:
+        return super().new_empty(*args, **kwargs).as_subclass(ShapeUnknown)
+
+
+def test_the_shape_a_message_gives_for_nested_and_unreadable_tensors() -> None:
+    with torch.enable_grad():
+        nested = _nested()
+        odd = torch.ones(2, requires_grad=True).as_subclass(ShapeUnknown) * 2
+    said = str(strict_refusal({"n": nested, "o": odd}))  # torch cannot copy a nested one at all
+    assert "shape=nested, 2 tensors" in said, said
+    assert "shape=unknown (torch.strided)" in said, said
