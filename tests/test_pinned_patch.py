@@ -366,16 +366,19 @@ def _run_forking(code: str) -> str:
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
 def test_a_child_forgets_the_scopes_another_thread_still_holds_however_nested() -> None:
-    """Another thread entered four scopes and left one; this thread holds one and forks.  In
+    """Another thread entered scopes and left some (three held); this thread holds one and forks.  In
     the child its own scope still copies, and leaving it removes the patch."""
     said = _run_forking("""
         entered, leave = threading.Event(), threading.Event()
         def other():
-            a, b, c, d = (deepcopy_shim.enabled("silent") for _ in range(4))
-            with a, b, c:
-                with d:
+            a, b, c, d, e = (deepcopy_shim.enabled("silent") for _ in range(5))
+            with a:
+                with b:  # two held, one left
                     pass
-                entered.set(); leave.wait(20)
+                with c, d:
+                    with e:  # four held, one left
+                        pass
+                    entered.set(); leave.wait(20)  # three held at the fork
         thread = threading.Thread(target=other); thread.start(); entered.wait(20)
         mine = deepcopy_shim.enabled("silent")
         def child():
