@@ -422,3 +422,19 @@ def test_a_retained_grad_is_met_before_the_tensors_dict_as_torch_copies_them() -
         copy.deepcopy(root)
     assert refused.value.paths == order
     assert tuple(path for path, _ in deepcopy_shim.find_nonleaf_tensors(root)) == order
+
+
+def test_a_tensor_an_autograd_graph_saved_keeps_its_attributes() -> None:
+    """Its instance dict is found however torch traverses it (torch 2.0 shows a GC nothing of
+    a tensor that C++ shares, as a graph that saved it for backward does)."""
+    weight = torch.ones(3, requires_grad=True)
+    t = weight * 2
+    loss = (t * t).sum()  # saves t for backward
+    t.label, t.cache = "kept", weight * 3
+    for mode in ("silent", "warn"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DetachedTensorsWarning)
+            new = deepcopy_shim.deepcopy({"t": t}, mode)["t"]
+        assert new.label == "kept" and new.cache.is_leaf and torch.equal(new.cache, t.cache)
+    assert [p for p, _ in deepcopy_shim.find_nonleaf_tensors({"t": t})] == ["['t']", "['t'].cache"]
+    loss.backward()
