@@ -785,3 +785,33 @@ def test_the_shape_a_message_gives_for_nested_and_unreadable_tensors() -> None:
     said = str(strict_refusal({"n": nested, "o": odd}))  # torch cannot copy a nested one at all
     assert "shape=nested, 2 tensors" in said, said
     assert "shape=unknown (torch.strided)" in said, said
+
+
+class SetOnly:
+    """A data descriptor with `__set__` but no `__delete__`: it wins over the instance dict."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> str:
+        return "from the descriptor"
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError("read-only")
+
+
+class ShadowedBySetOnly:
+    out = SetOnly()
+
+
+class DefaultArray:
+    """A class attribute whose `!=` is elementwise (a numpy array as a default)."""
+
+    out = __import__("numpy").zeros(2)
+
+
+@pytest.mark.parametrize("cls", [ShadowedBySetOnly, DefaultArray])
+def test_an_instance_entry_under_any_class_attribute_is_spelled_so_it_reads_the_tensor(cls: type) -> None:
+    holder = cls()
+    holder.__dict__["out"] = with_history()
+    obj = {"h": holder}
+    (path,) = found(obj)
+    assert resolve(obj, path) is holder.__dict__["out"]
+    assert warn_paths(obj) == [path] and strict_refusal(obj).paths == (path,)

@@ -323,3 +323,24 @@ def test_a_scope_made_for_a_door_says_how_that_door_wrote_it() -> None:
             "@pytest.mark.deepcopy_shim('silent')")
     with _activation.scope("silent", Source.PYTEST, "fixture {!r}", how="the deepcopy_shim fixture"):
         assert str(deepcopy_shim.current_mode()) == "silent (from the deepcopy_shim fixture)"
+
+
+def test_the_fixture_says_which_mode_it_chose_and_why(deepcopy_shim: Any) -> None:
+    """The `deepcopy_shim` fixture, unparametrized: mode warn, said to be its default."""
+    assert str(deepcopy_shim.current_mode()) == (
+        "warn (from the deepcopy_shim fixture's default mode 'warn')")
+
+
+@pytest.mark.parametrize("deepcopy_shim", ["strict"], indirect=True)
+def test_the_fixture_parametrized_says_its_parameter(deepcopy_shim: Any) -> None:
+    assert str(deepcopy_shim.current_mode()) == (
+        "strict (from the deepcopy_shim fixture's parameter 'strict' (indirect parametrization))")
+
+
+@pytest.mark.parametrize(("mode", "error"), [("loud", "invalid mode 'loud'"), (3.5, "must be a str")])
+def test_a_bad_mode_in_a_marker_or_fixture_is_a_usage_error_naming_where(mode: Any, error: str) -> None:
+    from deepcopy_shim import pytest_plugin
+
+    with pytest.raises(pytest.UsageError) as refused:
+        pytest_plugin._scope(mode, "@pytest.mark.deepcopy_shim({!r})", "the marker of t.py::test")
+    assert error in str(refused.value) and str(refused.value).endswith("(in the marker of t.py::test)")
