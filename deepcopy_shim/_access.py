@@ -226,9 +226,6 @@ _SEARCH_DEPTH = 6
 _SEARCH_BUDGET = 20_000
 
 
-_POINTER = ctypes.sizeof(ctypes.c_void_p)
-
-
 def existing_instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
     """`obj`'s instance dict if it has one already, without making one; else None.
 
@@ -246,16 +243,8 @@ def existing_instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
         if not ctypes.c_void_p.from_address(id(obj) + offset).value:
             return None
     elif isinstance(obj, _Tensor):
-        if offset != -1 and cls.__itemsize__ == 0:
-            # A tensor's dict pointer sits `offset` bytes from the end of its fixed size, as
-            # CPython's own _PyObject_GetDictPtr counts it.  Not its GC referents: torch before
-            # 2.1 visits none of them while C++ shares the tensor (an autograd graph that saved
-            # it), and the dict would be missed.
-            end = -(-cls.__basicsize__ // _POINTER) * _POINTER
-            if not ctypes.c_void_p.from_address(id(obj) + end + offset).value:
-                return None
-        elif not any(type(ref) is dict for ref in gc.get_referents(obj)):
-            # A dict managed by CPython itself (offset -1): if made, among its GC referents.
+        # A tensor's dict lives past its C struct; if made, it is among its GC referents.
+        if not any(type(ref) is dict for ref in gc.get_referents(obj)):
             return None
     # Otherwise a Python class's own dict, which always exists (native deepcopy's reduction
     # asks for it too).

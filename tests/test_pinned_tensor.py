@@ -400,6 +400,13 @@ def test_slots_of_a_subclass_with_history_are_deep_copied_through_the_memo_as_a_
     assert not hasattr(made, "unset") and not hasattr(t, "unset")
 
 
+_TORCH_HIDES_SHARED_REFERENTS = pytest.mark.xfail(
+    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 1), strict=True,
+    reason="torch < 2.1 shows the GC no reference of a tensor C++ shares (a graph saved it), so "
+           "its instance dict is not found without making one (CHANGELOG: known limitations)")
+
+
+@_TORCH_HIDES_SHARED_REFERENTS
 def test_a_retained_grad_is_met_before_the_tensors_dict_as_torch_copies_them() -> None:
     """torch's own copy takes `.grad` before `__dict__`: a retained grad with history and a
     tensor with history in the dict are named in that order by warn, strict and
@@ -424,6 +431,7 @@ def test_a_retained_grad_is_met_before_the_tensors_dict_as_torch_copies_them() -
     assert tuple(path for path, _ in deepcopy_shim.find_nonleaf_tensors(root)) == order
 
 
+@_TORCH_HIDES_SHARED_REFERENTS
 def test_a_tensor_an_autograd_graph_saved_keeps_its_attributes() -> None:
     """Its instance dict is found however torch traverses it (torch 2.0 shows a GC nothing of
     a tensor that C++ shares, as a graph that saved it for backward does)."""
