@@ -343,6 +343,11 @@ _FORK_CHILD = """
 import copy, os, threading, torch, deepcopy_shim
 from deepcopy_shim import _patch
 ORIGINAL = vars(torch.Tensor)["__deepcopy__"]
+def removed():  # the patch is gone: torch's own function is back
+    return _patch.state() == "off" and vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
+def disable_removes():
+    deepcopy_shim.disable()
+    return 0 if removed() else 4
 def fork_and(child):
     pid = os.fork()
     if pid == 0:
@@ -384,8 +389,7 @@ def test_a_child_forgets_the_scopes_another_thread_still_holds_however_nested() 
         def child():
             made = copy.deepcopy(torch.ones(2, requires_grad=True) * 2)  # in its own scope
             mine.stop()
-            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
-            return 0 if made.is_leaf and _patch.state() == "off" and restored else 4
+            return 0 if made.is_leaf and removed() else 4
         mine.start()
         status = fork_and(child)
         mine.stop()
@@ -419,11 +423,7 @@ def test_a_child_forgets_a_strict_refusal_another_thread_is_reading() -> None:
             except deepcopy_shim.NonLeafTensorError as err:
                 str(err)  # read after the copy: the survey runs here
         thread = threading.Thread(target=other); thread.start(); inside.wait(20)
-        def child():
-            deepcopy_shim.disable()
-            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
-            return 0 if _patch.state() == "off" and restored else 4
-        status = fork_and(child)
+        status = fork_and(disable_removes)
         leave.set(); thread.join()
         print("child", status)
     """)
@@ -465,8 +465,7 @@ def test_a_child_keeps_the_global_setting_another_thread_made() -> None:
         def child():
             made = copy.deepcopy(torch.ones(2, requires_grad=True) * 2)
             deepcopy_shim.disable()
-            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
-            return 0 if made.is_leaf and _patch.state() == "off" and restored else 4
+            return 0 if made.is_leaf and removed() else 4
         print("child", fork_and(child))
         deepcopy_shim.disable()
     """)
@@ -484,9 +483,7 @@ def test_a_grandchild_forked_from_another_thread_of_the_child_forgets_the_childs
             result = []
             def forks_again():
                 def grandchild():
-                    deepcopy_shim.disable()
-                    restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
-                    return 0 if _patch.state() == "off" and restored else 5
+                    return 5 if disable_removes() else 0
                 result.append(fork_and(grandchild))
             thread = threading.Thread(target=forks_again); thread.start(); thread.join()
             scope.stop()
@@ -513,8 +510,7 @@ def test_disable_called_inside_another_threads_scope_releases_the_global_user_on
         mine = deepcopy_shim.enabled("silent")
         def child():
             mine.stop()
-            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
-            return 0 if _patch.state() == "off" and restored else 4
+            return 0 if removed() else 4
         mine.start()
         status = fork_and(child)
         mine.stop()
@@ -536,11 +532,7 @@ def test_a_child_forgets_a_deepcopy_call_another_thread_is_in() -> None:
                 return Waits()
         thread = threading.Thread(target=lambda: deepcopy_shim.deepcopy(Waits(), "silent"))
         thread.start(); inside.wait(20)
-        def child():
-            deepcopy_shim.disable()
-            restored = vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
-            return 0 if _patch.state() == "off" and restored else 4
-        status = fork_and(child)
+        status = fork_and(disable_removes)
         leave.set(); thread.join()
         print("child", status)
     """)
