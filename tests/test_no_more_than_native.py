@@ -801,10 +801,24 @@ class ShadowedBySetOnly:
     out = SetOnly()
 
 
-class DefaultArray:
-    """A class attribute whose `!=` is elementwise (a numpy array as a default)."""
+class Elementwise:
+    """Compares as a numpy array does: the answer of `!=` has no single truth."""
 
-    out = __import__("numpy").zeros(2)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __ne__(self, other: object) -> Any:
+        return Ambiguous()
+
+
+class Ambiguous:
+    def __bool__(self) -> bool:
+        raise ValueError("the truth value of an array with more than one element is ambiguous")
+
+
+class DefaultArray:
+    """A class attribute whose `!=` is elementwise (as a numpy array default's is)."""
+
+    out = Elementwise()
 
 
 @pytest.mark.parametrize("cls", [ShadowedBySetOnly, DefaultArray])
