@@ -366,7 +366,7 @@ def _run_forking(code: str) -> str:
 
     done = subprocess.run([sys.executable, "-c", _FORK_CHILD + textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "DEEPCOPY_SHIM": ""})
-    return done.stdout + done.stderr
+    return done.stderr + done.stdout  # stdout last: what the tests read ends it (torch may warn on stderr)
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
