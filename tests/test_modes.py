@@ -9,6 +9,7 @@ from typing import Any, List, Optional
 
 import pytest
 from support.models import CachedActivationsNet
+from support.processes import run_forking
 
 import deepcopy_shim
 from deepcopy_shim import Mode, ModeSetting, Source
@@ -250,34 +251,20 @@ def test_a_task_cannot_leave_the_scope_its_parent_task_entered() -> None:
 def test_a_child_forked_while_another_thread_changes_the_global_setting_can_change_it() -> None:
     """The lock that guards the global setting is made anew in a forked child: the thread
     that held it at the fork does not exist there."""
-    import os
-    import signal
-
-    from deepcopy_shim import _modes
-
-    held, release = threading.Event(), threading.Event()
-
-    def holds_the_lock() -> None:
-        with _modes._global_lock:
-            held.set()
-            release.wait()
-
-    thread = threading.Thread(target=holds_the_lock)
-    thread.start()
-    held.wait()
-    try:
-        pid = os.fork()
-        if pid == 0:  # the child: one thread, which must not wait for the other's lock
+    said = run_forking("""
+        import signal
+        from deepcopy_shim import _modes
+        held, release = threading.Event(), threading.Event()
+        def holds_the_lock():
+            with _modes._global_lock:
+                held.set(); release.wait(20)
+        thread = threading.Thread(target=holds_the_lock); thread.start(); held.wait(20)
+        def child():  # one thread, which must not wait for the other's lock
             signal.alarm(10)
-            code = 1
-            try:
-                deepcopy_shim.enable("silent")
-                deepcopy_shim.disable()
-                code = 0
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        release.set()
-        thread.join()
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+            deepcopy_shim.enable("silent")
+            return disable_removes()
+        status = fork_and(child)
+        release.set(); thread.join()
+        print("child", status)
+    """)
+    assert said.strip().endswith("child 0"), said

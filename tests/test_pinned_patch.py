@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import wrapt
 from support.models import ORIGINAL_TENSOR_DEEPCOPY, with_history
+from support.processes import run_forking
 
 import deepcopy_shim
 
@@ -339,41 +340,11 @@ def test_a_task_that_inherited_a_scope_cannot_take_its_patch_away() -> None:
 
 # --- fork: each thread's users counted apart, so a child forgets exactly the others' ------------
 
-_FORK_CHILD = """
-import copy, os, threading, torch, deepcopy_shim
-from deepcopy_shim import _patch
-ORIGINAL = vars(torch.Tensor)["__deepcopy__"]
-def removed():  # the patch is gone: torch's own function is back
-    return _patch.state() == "off" and vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
-def disable_removes():
-    deepcopy_shim.disable()
-    return 0 if removed() else 4
-def fork_and(child):
-    pid = os.fork()
-    if pid == 0:
-        code = 3
-        try:
-            code = child()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-"""
-
-
-def _run_forking(code: str) -> str:
-    import os
-
-    done = subprocess.run([sys.executable, "-c", _FORK_CHILD + textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "DEEPCOPY_SHIM": ""})
-    return done.stderr + done.stdout  # stdout last: what the tests read ends it (torch may warn on stderr)
-
-
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
 def test_a_child_forgets_the_scopes_another_thread_still_holds_however_nested() -> None:
     """Another thread entered scopes and left some (three held); this thread holds one and forks.  In
     the child its own scope still copies, and leaving it removes the patch."""
-    said = _run_forking("""
+    said = run_forking("""
         entered, leave = threading.Event(), threading.Event()
         def other():
             a, b, c, d, e = (deepcopy_shim.enabled("silent") for _ in range(5))
@@ -403,7 +374,7 @@ def test_a_child_forgets_the_scopes_another_thread_still_holds_however_nested() 
 def test_a_child_forgets_a_strict_refusal_another_thread_is_reading() -> None:
     """Another thread reads a strict refusal after its copy (its survey counts a user of the
     patch while it copies again); this thread forks meanwhile: the child can remove the patch."""
-    said = _run_forking("""
+    said = run_forking("""
         inside, leave = threading.Event(), threading.Event()
         class WaitsInTheSurvey:
             calls = 0
@@ -459,7 +430,7 @@ def test_threads_that_left_their_scopes_leave_no_count_behind() -> None:
 def test_a_child_keeps_the_global_setting_another_thread_made() -> None:
     """enable() in another thread is the process's setting, not that thread's: a child forked
     from this thread keeps it, copies with it, and disable() there releases it exactly."""
-    said = _run_forking("""
+    said = run_forking("""
         thread = threading.Thread(target=lambda: deepcopy_shim.enable("silent"))
         thread.start(); thread.join()
         def child():
@@ -476,7 +447,7 @@ def test_a_child_keeps_the_global_setting_another_thread_made() -> None:
 def test_a_grandchild_forked_from_another_thread_of_the_child_forgets_the_childs_scope() -> None:
     """The forking thread's own count goes on in the child: when another thread of the child
     forks again, the grandchild forgets that scope as well."""
-    said = _run_forking("""
+    said = run_forking("""
         scope = deepcopy_shim.enabled("silent")
         scope.start()
         def child():
@@ -499,7 +470,7 @@ def test_disable_called_inside_another_threads_scope_releases_the_global_user_on
     """disable() releases enable()'s user, which is no thread's: called from a thread that is
     in a scope, it leaves that thread's count alone, so a child forked elsewhere forgets the
     scope and can remove the patch."""
-    said = _run_forking("""
+    said = run_forking("""
         deepcopy_shim.enable("warn")
         entered, leave = threading.Event(), threading.Event()
         def other():
@@ -524,7 +495,7 @@ def test_disable_called_inside_another_threads_scope_releases_the_global_user_on
 def test_a_child_forgets_a_deepcopy_call_another_thread_is_in() -> None:
     """deepcopy_shim.deepcopy(x, mode) counts a user of its own thread while it copies: a child
     forked meanwhile from another thread forgets it and can remove the patch."""
-    said = _run_forking("""
+    said = run_forking("""
         inside, leave = threading.Event(), threading.Event()
         class Waits:
             def __deepcopy__(self, memo):

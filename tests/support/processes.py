@@ -97,3 +97,38 @@ def describe(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 DEV_PYTHON = sys.executable
+
+
+# The prelude of a child program that forks (run_forking): `fork_and(child)` runs `child()` in a
+# forked process and returns its exit status; `removed()` says the patch is gone (torch's own
+# function back), `disable_removes()` disables and says so as an exit status (0: removed).
+_FORK_PRELUDE = """
+import copy, os, threading, torch, deepcopy_shim
+from deepcopy_shim import _patch
+ORIGINAL = vars(torch.Tensor)["__deepcopy__"]
+def removed():
+    return _patch.state() == "off" and vars(torch.Tensor)["__deepcopy__"] is ORIGINAL
+def disable_removes():
+    deepcopy_shim.disable()
+    return 0 if removed() else 4
+def fork_and(child):
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+"""
+
+
+def run_forking(code: str) -> str:
+    """Run `code` (indented as it comes) after the fork prelude in a child interpreter that keeps
+    this test's environment (PYTHONPATH: a mutation run's copy), the shim off at start; return
+    its stderr, then its stdout (what the tests read ends it; torch may warn on stderr)."""
+    done = subprocess.run([sys.executable, "-c", _FORK_PRELUDE + textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DEEPCOPY_SHIM": ""})
+    return done.stderr + done.stdout
