@@ -26,7 +26,7 @@ import keyword
 import math
 import types
 from collections import deque
-from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
@@ -80,10 +80,14 @@ class Locator:
     as long as the locator can be asked about it.
     """
 
-    __slots__ = ("_located", "_tables", "_searched", "_reach")
+    __slots__ = ("_located", "_stuck", "_tables", "_searched", "_reach")
 
     def __init__(self, root: Any) -> None:
-        self._located: Dict[int, Tuple[Any, str]] = {id(root): (root, "")}
+        # id(object) -> (object, its path, how many steps of access that path takes).
+        self._located: Dict[int, Tuple[Any, str, int]] = {id(root): (root, "", 0)}
+        # id(node) -> (path, why) for the nodes no Python access reaches (see locate): a node
+        # below one of them is as far as that one.
+        self._stuck: Dict[int, Tuple[str, str]] = {}
         # A parent searched once is scanned member by member, stopping at the child; a parent
         # searched again gets a table id(member) -> step, so that a parent with thousands of
         # members (a long Sequential, a dict of tensors) costs one scan in all.
@@ -91,66 +95,112 @@ class Locator:
         self._tables: Dict[int, Dict[int, _Raw]] = {}
         # id(anchor) -> {id(object): (object, path from the anchor)}: what a bounded search
         # from an anchor reaches, made once per anchor the copy's own way could not leave.
-        self._reach: Dict[int, Dict[int, Tuple[Any, str]]] = {}
+        self._reach: Dict[int, Dict[int, Tuple[Any, str, int]]] = {}
 
-    def knows(self, obj: Any) -> bool:
-        found = self._located.get(id(obj))
-        return found is not None and found[0] is obj
-
-    def locate(self, chain: Sequence[Any]) -> Tuple[str, Optional[str]]:
-        """Locate `chain[-1]`, met by the copy through `chain` (`chain[0]` is located).
+    def locate(self, node: Tuple[Any, Any]) -> Tuple[str, Optional[str]]:
+        """Locate `node[0]`, met by the copy through the objects of `node`'s parents (a node is
+        `(object, parent node)`; the root's parent is None, and the root is located).
 
         Returns `(path, None)` when it is reachable by Python access, else `(path of the last
-        object reached, why the rest of the way has no spelling)`.  From each object
-        reached, the step goes to the furthest object of the chain that one step of access
-        reaches, so a path is as short as the copy's way allows: past the tuples and state
-        dicts a reduction makes, past the `_modules` dict of a module to the submodule itself
-        (`[0]`, not `._modules['0']`), and to `.tensor` rather than through a cache holding the
-        same tensor.  Among the names one object has for the next, the first in its own order.
+        object reached, why the rest of the way has no spelling)`.  The path starts from the
+        located object just above on the copy's way, or one a few objects further up (an
+        alias of the object, the list holding it), whichever reaches furthest down the way in
+        one step, by the shortest path.  From each object reached, the step goes to the
+        furthest object of the next few on the copy's way that one step of access reaches, so
+        a path is as short as the copy's way allows: past the tuples and state dicts a
+        reduction makes, past the `_modules` dict of a module to the submodule itself (`[0]`,
+        not `._modules['0']`), and to `.tensor` rather than through a cache holding the same
+        tensor.  Among the names one object has for the next, the first in its own order.
         Where no one step leads on (the copy went through containers a `__getstate__` built),
-        a bounded search from the object reached finds the furthest object of the chain that
+        a bounded search from the object reached finds the furthest of those objects that
         Python access reaches, by the shortest way.
+
+        Each object is located once and tried from a bounded window of objects around it: the
+        work grows with the objects the copy went through, not their square.
         """
-        anchor = chain[0]
-        if not self.knows(anchor):
-            return "", "met outside the copied object"
         located = self._located
-        tables = self._tables
-        path = located[id(anchor)][1]
-        last = len(chain) - 1
-        index = 1
+        stuck = self._stuck
+        # The nodes from `node` up, to a few past the nearest located one.
+        way: List[Tuple[Any, Any]] = []
+        anchors: List[int] = []  # indices in `way` of the located nodes, nearest first
+        link: Any = node
+        while link is not None and (not anchors or len(way) - anchors[0] <= _LOOKAHEAD):
+            obj = link[0]
+            known = located.get(id(obj))
+            if known is not None and known[0] is obj:
+                if not way:
+                    return known[1], None
+                anchors.append(len(way))
+            elif not anchors:
+                failed = stuck.get(id(link))
+                if failed is not None:  # below a node no access reaches: as far as that one
+                    for passed in way:
+                        stuck[id(passed)] = failed
+                    return failed
+            way.append(link)
+            link = link[1]
+        way.reverse()  # from the highest node down to `node`
+        last = len(way) - 1
+        # The first step: from whichever located node reaches furthest down, by fewest steps.
+        best: Optional[Tuple[int, int, str]] = None  # (-index reached, steps, path)
+        for at in (last - i for i in anchors):
+            anchor, path, steps = located[id(way[at][0])]
+            for ahead in range(min(last, at + _LOOKAHEAD), at, -1):
+                step = self._spelled_step(anchor, way[ahead][0])
+                if step is not None:
+                    if best is None or (-ahead, steps + 1) < best[:2]:
+                        best = (-ahead, steps + 1, path + step)
+                    break
+        nearest = last - anchors[0]
+        if best is None:
+            anchor, path, steps = located[id(way[nearest][0])]
+            index = nearest + 1
+        else:
+            index = -best[0]
+            anchor, path, steps = way[index][0], best[2], best[1]
+            located[id(anchor)] = (anchor, path, steps)
+            index += 1
         while index <= last:
-            # A parent searched twice has a table (see _step): read here, without a call per
-            # object of the chain tried.
-            table = tables.get(id(anchor))
-            for ahead in range(last, index - 1, -1):
-                obj = chain[ahead]
+            window = min(last, index + _LOOKAHEAD)
+            for ahead in range(window, index - 1, -1):
+                obj = way[ahead][0]
                 known = located.get(id(obj))
                 if known is not None and known[0] is obj:
-                    reached = known[1]
+                    _, reached, steps = known
                     break
-                raw = table.get(id(obj)) if table is not None else self._step(anchor, obj)
-                step = None if raw is None else _spell(anchor, raw)
+                step = self._spelled_step(anchor, obj)
                 if step is not None:
-                    reached = path + step
-                    located[id(obj)] = (obj, reached)
+                    reached, steps = path + step, steps + 1
+                    located[id(obj)] = (obj, reached, steps)
                     break
             else:
                 reach = self._reachable(anchor)
-                for ahead in range(last, index - 1, -1):
-                    found = reach.get(id(chain[ahead]))
-                    if found is not None and found[0] is chain[ahead]:
-                        reached = path + found[1]
-                        located[id(chain[ahead])] = (chain[ahead], reached)
+                for ahead in range(window, index - 1, -1):
+                    obj = way[ahead][0]
+                    found = reach.get(id(obj))
+                    if found is not None and found[0] is obj:
+                        reached, steps = path + found[1], steps + found[2]
+                        located[id(obj)] = (obj, reached, steps)
                         break
                 else:
-                    return path, _why(anchor, chain[index])
-            anchor, path, index = chain[ahead], reached, ahead + 1
+                    failed = (path, _why(anchor, way[index][0]))
+                    for passed in way[index:]:
+                        stuck[id(passed)] = failed
+                    return failed
+            anchor, path, index = way[ahead][0], reached, ahead + 1
         return path, None
 
-    def _reachable(self, anchor: Any) -> Dict[int, Tuple[Any, str]]:
+    def _spelled_step(self, parent: Any, child: Any) -> Optional[str]:
+        """One step of Python access from `parent` to `child`, spelled; None if there is none."""
+        # A parent searched twice has a table (see _step).
+        table = self._tables.get(id(parent))
+        raw = table.get(id(child)) if table is not None else self._step(parent, child)
+        return None if raw is None else _spell(parent, raw)
+
+    def _reachable(self, anchor: Any) -> Dict[int, Tuple[Any, str, int]]:
         """Objects a breadth-first walk of Python access from `anchor` reaches, with the
-        shortest spelled way there (the first in each object's own order among equals).
+        shortest spelled way there (the first in each object's own order among equals) and
+        its number of steps.
 
         Bounded (`_SEARCH_DEPTH` steps, `_SEARCH_BUDGET` objects): the search only has to
         cross the few containers a reduction rebuilt, not the whole model.
@@ -173,7 +223,7 @@ class Locator:
                 if step is None:
                     continue
                 seen.add(id(member))
-                reach[id(member)] = (member, way + step)
+                reach[id(member)] = (member, way + step, depth + 1)
                 queue.append((member, way + step, depth + 1))
         self._reach[key] = reach
         return reach
@@ -224,6 +274,10 @@ _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 # builds around a class's own objects, small enough to cost nothing beside the copy.
 _SEARCH_DEPTH = 6
 _SEARCH_BUDGET = 20_000
+# How many objects ahead on the copy's way one step of access is tried (Locator.locate): a
+# reduction puts a few containers (its state dict, a tuple, a module's `_modules`) between an
+# object and the next one access reaches from it.
+_LOOKAHEAD = 8
 
 
 def existing_instance_dict(obj: Any) -> Optional[Dict[str, Any]]:

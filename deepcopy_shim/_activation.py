@@ -7,7 +7,7 @@ import copy
 import functools
 import sys
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Type, TypeVar, Union
 
 from . import _modes, _patch
 from ._modes import Mode, ModeSetting, Source
@@ -54,8 +54,8 @@ def enable(mode: ModeLike = "warn") -> None:
     Raises:
         ModeValueError: `mode` (a `ValueError`) is not in the vocabulary; nothing changes.
         TypeError: `mode` is of no accepted type (None, a float, bytes); nothing changes.
-        RuntimeError: the patch cannot be installed (another patch owns
-            `nn.Module.__deepcopy__`); nothing changes.
+        RuntimeError: the patch cannot be installed (another patch replaced
+            `copy._deepcopy_dispatch` with something that is not a dict); nothing changes.
     """
     parsed = _modes.parse_mode(mode)
     if parsed is None:
@@ -70,10 +70,8 @@ def set_global(setting: Optional[ModeSetting]) -> None:
 
     The door behind `enable()`/`disable()`, the environment variable, the runner and
     the pytest option, each passing its own `Source`.  No lock is held while the patch
-    is acquired or released (see `_patch`).  A record this thread left open under the global
-    setting, of a copy that is no longer running (it failed), is discarded.
+    is acquired or released (see `_patch`).
     """
-    _scope_ended(None)
     if setting is None:
         if _modes.swap_global(None) is not None:
             _patch.release()
@@ -90,7 +88,7 @@ def disable() -> None:
 
     Once no `enabled` scope is active either, the patch is removed completely:
     `torch.Tensor.__dict__["__deepcopy__"]` is the original function object again and
-    `torch.nn.Module` has exactly its original attributes.  Scopes still active in other
+    `copy._deepcopy_dispatch` the original dict.  Scopes still active in other
     threads keep their mode until they exit.
     """
     set_global(None)
@@ -173,32 +171,25 @@ class enabled:
 
     def start(self) -> None:
         """Enter the scope in this thread or task (installing the patch for its first user)."""
-        self._enter(sys._getframe(1))
-
-    def _enter(self, boundary: Any) -> None:
         if self._setting is not None:
             _patch.acquire(here=True)
         try:
-            _modes.push_scope(self, self._setting, boundary)
+            _modes.push_scope(self, self._setting)
         except BaseException:  # pragma: no cover - pushing a scope allocates one object
             if self._setting is not None:
                 _patch.release(here=True)
             raise
 
     def stop(self) -> None:
-        """Leave the innermost scope of this object that this thread or task entered.
-
-        Its user of the patch is released even if anything else fails.
-        """
+        """Leave the innermost scope of this object that this thread or task entered: from
+        now on it applies nowhere, also not in a task or context copied from this one while it
+        was entered.  Releases its user of the patch."""
         left = _modes.pop_scope(self)
-        try:
-            _scope_ended(left.boundary)
-        finally:
-            if left.setting is not None:
-                _patch.release(here=True)
+        if left.setting is not None:
+            _patch.release(here=True)
 
     def __enter__(self) -> enabled:
-        self._enter(sys._getframe(1))
+        self.start()
         return self
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
@@ -226,7 +217,7 @@ class enabled:
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                scope._enter(sys._getframe(0))
+                scope.start()
                 try:
                     return await func(*args, **kwargs)
                 finally:
@@ -235,7 +226,7 @@ class enabled:
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            scope._enter(sys._getframe(0))
+            scope.start()
             try:
                 return func(*args, **kwargs)
             finally:
@@ -276,16 +267,6 @@ class enabled:
 enabled.__module__ = "deepcopy_shim"
 
 
-def _scope_ended(boundary: Any) -> None:
-    # Records exist only once `_record` is imported, which sets the hook as it finishes (a
-    # module looked up in sys.modules may be half-made by another thread).  The error being
-    # handled, if any (the scope ends with it, or inside an `except` of it), holds the frames
-    # of a copy that failed: the record of that copy finds its memo there.
-    ended = _modes.scope_end_hook
-    if ended is not None:
-        ended(boundary, sys.exc_info()[2])
-
-
 def scope(mode: ModeLike, source: Source, template: str, how: Optional[str] = None) -> enabled:
     """An `enabled` scope whose setting says it came from `source`, written as `how` (default:
     `template` filled with `mode` as given); another mode is written as `template` filled with
@@ -318,14 +299,11 @@ def deepcopy(obj: _T, mode: ModeLike = "warn") -> _T:
     if setting is not None:
         _patch.acquire(here=True)
     try:
-        # This frame is the scope's boundary: nothing it names may hold the scope (a cycle
-        # through the frame would keep the whole memo alive until the garbage collector runs).
-        _modes.push_scope(owner, setting, sys._getframe(0))
+        _modes.push_scope(owner, setting)
         try:
-            memo: Dict[Any, Any] = {}
-            return copy.deepcopy(obj, memo)
+            return copy.deepcopy(obj)
         finally:
-            _scope_ended(_modes.pop_scope(owner).boundary)
+            _modes.pop_scope(owner)
     finally:
         if setting is not None:
             _patch.release(here=True)
@@ -367,8 +345,9 @@ def _found_by_copying(obj: Any) -> List[Tuple[str, torch.Tensor]]:
         deepcopy(obj, Mode.WARN)
     found: List[Tuple[str, torch.Tensor]] = []
     for seen in caught:
-        if isinstance(seen.message, DetachedTensorsWarning):
-            found.extend(zip(seen.message.paths, seen.message.tensors))
+        if isinstance(seen.message, DetachedTensorsWarning):  # its tensors are obj's, alive
+            found.extend((path, tensor) for path, tensor in zip(seen.message.paths, seen.message.tensors)
+                         if tensor is not None)
         else:  # not ours: shown as it would have been
             warnings.warn_explicit(seen.message, seen.category, seen.filename, seen.lineno)
     return found

@@ -9,6 +9,7 @@ with `deepcopy_shim`), or `error::deepcopy_shim.DeepcopyShimWarning` in pytest's
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 from ._modes import Mode
@@ -41,8 +42,10 @@ class DetachedTensorsWarning(DeepcopyShimWarning):
     """Mode `warn`: a deep copy detached tensors with autograd history.
 
     One per top-level copy, emitted when the copy has completed.  `paths` names every
-    detached tensor, in the order the copy met them (the message lists the first 20), and
-    `tensors` holds the same tensors (those of the source), in the same order.
+    detached tensor, in the order the copy met them (the message lists the first 20, each with
+    its `grad_fn`, shape, dtype and device), and `tensors` gives the same tensors (those of the
+    source), in the same order, while they live: the warning holds them weakly, so that a
+    recorded warning keeps no tensor, and no autograd graph, alive (`None` for one since freed).
     """
 
     __module__ = "deepcopy_shim"
@@ -51,7 +54,11 @@ class DetachedTensorsWarning(DeepcopyShimWarning):
                  tensors: Sequence[torch.Tensor] = ()) -> None:
         super().__init__(message)
         self.paths: Tuple[str, ...] = tuple(paths)
-        self.tensors: Tuple[torch.Tensor, ...] = tuple(tensors)
+        self._tensors = _weakly(tensors)
+
+    @property
+    def tensors(self) -> Tuple[Optional[torch.Tensor], ...]:
+        return tuple(ref() for ref in self._tensors)
 
 
 class PatchConflictWarning(DeepcopyShimWarning):
@@ -85,7 +92,8 @@ class NonLeafTensorError(RuntimeError):
     Attributes:
         paths: those tensors in the order the copy meets them, as Python access paths from the
             copied object (`''` is the object itself).
-        tensors: the same tensors (those of the source), in the same order.
+        tensors: the same tensors (those of the source), in the same order, while they live:
+            held weakly, as the warning's are (`None` for one since freed).
         mode: the mode that refused (`Mode.STRICT`).
     """
 
@@ -96,7 +104,7 @@ class NonLeafTensorError(RuntimeError):
         super().__init__(message)
         self.mode = mode
         self._report: Optional[Tuple[str, Tuple[str, ...], Tuple[Any, ...]]] = (
-            message, tuple(paths), tuple(tensors))
+            message, tuple(paths), _weakly(tensors))
         self._make: Optional[Callable[[], Tuple[str, List[str], List[Any], bool]]] = None
         self._lock = threading.Lock()
 
@@ -118,7 +126,7 @@ class NonLeafTensorError(RuntimeError):
         # Made outside the lock: another thread (or this one, from inside what make() runs)
         # reading the same error meanwhile makes its own answer instead of waiting.
         message, paths, tensors, final = make()
-        report = (message, tuple(paths), tuple(tensors))
+        report = (message, tuple(paths), _weakly(tensors))
         if final:
             with self._lock:
                 if self._report is None:
@@ -131,8 +139,8 @@ class NonLeafTensorError(RuntimeError):
         return self._resolved()[1]
 
     @property
-    def tensors(self) -> Tuple[torch.Tensor, ...]:
-        return self._resolved()[2]
+    def tensors(self) -> Tuple[Optional[torch.Tensor], ...]:
+        return tuple(ref() for ref in self._resolved()[2])
 
     @property
     def args(self) -> Tuple[str, ...]:
@@ -153,6 +161,10 @@ class NonLeafTensorError(RuntimeError):
         # autograd history and cannot be pickled, stay behind.
         message, paths, _ = self._resolved()
         return (_rebuild_refusal, (message, paths, self.mode))
+
+
+def _weakly(tensors: Sequence[Any]) -> Tuple[Any, ...]:
+    return tuple(weakref.ref(tensor) for tensor in tensors)
 
 
 def _rebuild_refusal(message: str, paths: Tuple[str, ...], mode: Mode) -> NonLeafTensorError:

@@ -25,13 +25,14 @@ __all__ = [
     "ModeValueError",
     "Scope",
     "Source",
-    "current_scope",
     "current_setting",
     "global_setting",
+    "innermost_scope",
     "on_and_off_words",
     "parse_mode",
     "pop_scope",
     "push_scope",
+    "scope_chain",
     "swap_global",
     "valid_values",
 ]
@@ -206,26 +207,26 @@ def parse_mode(value: Union[Mode, str, bool, int], what: str = "mode") -> Option
 
 
 class Scope:
-    """One entry into a scope, in one thread or task: immutable, linked to the one it nests in.
+    """One entry into a scope, in one thread or task, linked to the one it nests in.
 
-    `setting` is None for a scope in which copies behave natively.  `boundary` is the frame
-    that entered the scope: a copy made inside it is a top-level copy of its own, even when
-    the scope was entered inside another copy (see `_record`).  `survey` is set inside the
+    `setting` is None for a scope in which copies behave natively.  `survey` is set inside the
     shim's own data-free walk (see `_survey`) and inherited by scopes entered during it.
     `entrant` is the thread and asyncio task that entered it: a task created inside the scope
-    inherits it (asyncio copies the context) but cannot leave it.
+    inherits it (asyncio copies the context) but cannot leave it.  `live` is True until the
+    entrant leaves it: from then on it applies nowhere, also not in the tasks and contexts that
+    were copied from the entrant's while it was live and still hold it.
     """
 
-    __slots__ = ("owner", "setting", "boundary", "outer", "survey", "entrant")
+    __slots__ = ("owner", "setting", "outer", "survey", "entrant", "live")
 
-    def __init__(self, owner: object, setting: Optional[ModeSetting], boundary: Any,
-                 outer: Optional[Scope], survey: Any = None, entrant: Any = None) -> None:
+    def __init__(self, owner: object, setting: Optional[ModeSetting], outer: Optional[Scope],
+                 survey: Any = None) -> None:
         self.owner = owner
         self.setting = setting
-        self.boundary = boundary
         self.outer = outer
         self.survey: Any = survey if survey is not None else (outer.survey if outer is not None else None)
-        self.entrant: Any = entrant if entrant is not None else _entrant()
+        self.entrant: Any = _entrant()
+        self.live = True
 
 
 def _entrant() -> Any:
@@ -263,22 +264,29 @@ _scoped: contextvars.ContextVar[Optional[Scope]] = contextvars.ContextVar(
 )
 
 
-# What ends the records of a scope (`_record.scope_ended`), set by `_record` as the last line of
-# its import, so that a scope ending in one thread while another is still importing `_record`
-# (the first copy) never reaches a half-made module: None until then, and no record exists.
-scope_end_hook: Optional[Callable[[Any, Any], None]] = None
+def innermost_scope() -> Optional[Scope]:
+    """The innermost live scope of this thread or task (None: the global setting applies)."""
+    scope = _scoped.get()
+    while scope is not None and not scope.live:  # left by its entrant, here or in a parent task
+        scope = scope.outer
+    return scope
 
 
 def current_setting() -> Optional[ModeSetting]:
     """The setting that applies to a copy made now in this thread/task; None: native behaviour."""
     scope = _scoped.get()
-    return _global if scope is None else scope.setting
+    while scope is not None:
+        if scope.live:
+            return scope.setting
+        scope = scope.outer
+    return _global
 
 
-# current_scope() -> the innermost scope of this thread or task (None: the global setting
-# applies).  The variable's own bound `get`, not a function around it: every tensor copied
-# asks it, and a Python call there is about a tenth of what the shim adds to a leaf's copy.
-current_scope: Callable[[], Optional[Scope]] = _scoped.get
+# scope_chain() -> this thread's or task's chain of scopes as it stands (its innermost entry,
+# live or not): a copy started in it compares it with the chain at each object it copies, to
+# tell its own objects from a copy made in a scope entered inside it.  The variable's own
+# bound `get`, not a function around it: it runs for every object a copy meets.
+scope_chain: Callable[[], Optional[Scope]] = _scoped.get
 
 
 def global_setting() -> Optional[ModeSetting]:
@@ -304,34 +312,31 @@ def swap_global(setting: Optional[ModeSetting]) -> Optional[ModeSetting]:
     return previous
 
 
-def push_scope(owner: object, setting: Optional[ModeSetting], boundary: Any,
-               survey: Any = None) -> Scope:
+def push_scope(owner: object, setting: Optional[ModeSetting], survey: Any = None) -> Scope:
     """Enter a scope of `owner` in this thread or task (`setting` None: off in it)."""
-    scope = Scope(owner, setting, boundary, _scoped.get(), survey)
+    scope = Scope(owner, setting, _scoped.get(), survey)
     _scoped.set(scope)
     return scope
 
 
 def pop_scope(owner: object) -> Scope:
-    """Leave the innermost scope `owner` entered in this thread or task; return it.
+    """Leave the innermost live scope `owner` entered in this thread or task; return it.
 
-    Scopes of other owners entered after it (left out of order) stay in effect.  Raises
-    `RuntimeError` if `owner` entered no scope in this thread or task.
+    It applies nowhere from now on (see `Scope.live`).  Scopes of other owners entered after it
+    (left out of order) stay in effect.  Raises `RuntimeError` if `owner` entered no live scope
+    in this thread or task.
     """
-    top = _scoped.get()
-    above = []
-    scope = top
     here = _entrant()
-    while scope is not None and not (scope.owner is owner and scope.entrant == here):
-        above.append(scope)
+    scope = _scoped.get()
+    while scope is not None and not (scope.live and scope.owner is owner and scope.entrant == here):
         scope = scope.outer
     if scope is None:
         raise RuntimeError(
             "deepcopy_shim.enabled.stop() without a matching start() in this thread or task "
             "(each thread and asyncio task leaves the scopes it entered)"
         )
-    rebuilt = scope.outer
-    for later in reversed(above):  # re-link the scopes entered after it, unchanged
-        rebuilt = Scope(later.owner, later.setting, later.boundary, rebuilt, later.survey, later.entrant)
-    _scoped.set(rebuilt)
+    scope.live = False
+    top = _scoped.get()
+    if top is scope or (top is not None and not top.live):
+        _scoped.set(innermost_scope())  # the chain's dead head is dropped here
     return scope

@@ -2,161 +2,90 @@
 
 from __future__ import annotations
 
+import copy
 import copyreg
 import gc
 import operator
 from collections import OrderedDict
-from types import MethodType
-from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Optional
 
 import torch
 
-from . import _modes, _record
 from ._protocol import ATOMIC_TYPES as _ATOMIC  # skipping deepcopy for these is exact
-from ._protocol import COPY_FRAMES, OWNER_FRAMES, ROOT_FRAMES, dispatch_is_copys_own, keep_alive, reconstruct
+from ._protocol import COPY_FRAMES, dispatch_is_copys_own, keep_alive
 from ._protocol import DEEPCOPY as _deepcopy
 from ._protocol import DEEPCOPY_ATOMIC as _DEEPCOPY_ATOMIC
 from ._protocol import DISPATCH as _DEEPCOPY_DISPATCH
 from ._protocol import NIL as _NIL
 
-__all__ = ["ModuleDeepcopy", "copy_module"]
+__all__ = ["copy_module"]
 
 # pytest leaves this module's frames out of the tracebacks it shows: a copy that fails inside
 # a module reads as native deepcopy's frames and the user's own.
 __tracebackhide__ = True
 
 _referents = gc.get_referents
-_owned = _record.OWNED
 Parameter = torch.nn.Parameter
-# nn.Module has no __getstate__ of its own in torch 2.0, and object has one only since Python
-# 3.11: either may be missing.
-_MODULE_GETSTATE = getattr(torch.nn.Module, "__getstate__", None)
-_MODULE_SETSTATE = torch.nn.Module.__setstate__
 _MODULE_GETATTR = torch.nn.Module.__getattr__
-_MODULE_BASICSIZE = torch.nn.Module.__basicsize__
-_OBJECT_REDUCE_EX = object.__reduce_ex__
-_OBJECT_REDUCE = object.__reduce__
+_OBJECT_GETATTRIBUTE = object.__getattribute__
+_MODULE_STORES = ("_parameters", "_buffers", "_modules")
 _NEWOBJ = copyreg.__newobj__  # type: ignore[attr-defined]
-_current_setting = _modes.current_setting
+# The copy module, typed as Any: `copy._reconstruct` is read when it is called, as deepcopy reads
+# it, with no type checker's comment on the line a traceback shows.
+_copy: Any = copy
 
 
-class ModuleDeepcopy:
-    """The descriptor installed as `torch.nn.Module.__deepcopy__` while the shim is installed.
+def copy_module(module: Any, memo: Dict[Any, Any]) -> Any:
+    """Deep-copy `module`, an `nn.Module` (called by `copy.deepcopy` as the copier its table
+    gives for the module's class, in a copy made in a mode; see `_dispatch`); returns the copy,
+    which deepcopy memoises.
 
-    Attribute lookup through it finds what it finds without the shim, and then, where that is
-    nothing, the shim's copier (on instances only):
-
-    - a `__deepcopy__` of a class after `nn.Module` in the MRO (a mixin listed after it),
-      which this descriptor would otherwise shadow, is returned as Python returns it: bound
-      if it is a descriptor, as it is if not (a callable object), `None` if it is `None`
-      (native deepcopy then reduces the object);
-    - on the class, and on an instance in a thread or task where no mode applies, nothing
-      else: `AttributeError`, so that `hasattr`, `getattr` with a default and `super()`
-      answer what they answer without the shim (and deepcopy reduces the module natively).
-      `hasattr(cls, "__deepcopy__")`
-      is what it is without the shim.  `torch.nn.utils.parametrize` only gives its dynamic
-      classes a `__deepcopy__` of their own when that check is False; a module parametrized
-      while the shim is installed must still copy after the shim is removed;
-    - on an instance, one a class's own `__getattr__` forwards (torch.compile's
-      `OptimizedModule` hands over the wrapped module's), as attribute lookup finds it
-      without this descriptor; else the shim's copier, bound.
+    Asks the module what deepcopy asks, in its order: its `__deepcopy__` (called if it has one),
+    then its reduction (`copyreg.dispatch_table`, then `__reduce_ex__(4)`).  A plain reduction
+    (`copyreg.__newobj__` of the class, a state dict, nothing else) is rebuilt here: a new
+    instance, memoised, its state copied item by item exactly as deepcopy copies that dict
+    (`_copy_state`), then given to the instance as `copy._reconstruct` gives it (its
+    `__setstate__`, whatever wraps it: torch.compile's generation tagging sees every copy).
+    Anything else goes through `copy._reconstruct`, the very code native deepcopy runs.
     """
-
-    __slots__ = ()
-
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        cls = owner if instance is None else type(instance)
-        found = _deepcopy_after_module(cls)
-        if found is not None:
-            value = found[0]
-            binder = getattr(type(value), "__get__", None)
-            return value if binder is None else binder(value, instance, cls)
-        if instance is None or _current_setting() is None:
-            # On the class, and wherever no mode applies, the descriptor is not there: Python's
-            # own lookup goes on to the class's __getattr__ (nn.Module's raises), so hasattr,
-            # getattr with a default and super() answer as natively, and deepcopy reduces the
-            # module through copy._reconstruct itself.
-            raise AttributeError("__deepcopy__")
-        # Without this descriptor, deepcopy's getattr(x, "__deepcopy__") would end in the
-        # class's __getattr__; a wrapper that forwards unknown names (torch.compile's
-        # OptimizedModule forwards to the module it wraps) may answer there, and native
-        # deepcopy then uses that answer.  nn.Module's own __getattr__ never has one.
-        forward = cls.__getattr__
-        if forward is not _MODULE_GETATTR:
-            try:
-                found_there = forward(instance, "__deepcopy__")
-            except AttributeError:
-                pass
-            else:
-                if getattr(found_there, "__func__", None) is not copy_module:  # not ours, forwarded
-                    return found_there
-        return MethodType(copy_module, instance)
-
-    def __repr__(self) -> str:
-        return "<deepcopy_shim nn.Module.__deepcopy__>"
-
-
-def _deepcopy_after_module(cls: type) -> Optional[Tuple[Any]]:
-    """`(value,)` of the first `__deepcopy__` a class after `nn.Module` in `cls`'s MRO
-    defines (the value may be None), or None if none does."""
-    mro = cls.__mro__
-    if mro[-2] is torch.nn.Module:
-        return None  # only `object` follows nn.Module, and it has no __deepcopy__
-    # By identity: `mro.index` compares with ==, which a metaclass may answer for any class.
-    after = next(i for i, klass in enumerate(mro) if klass is torch.nn.Module) + 1
-    for klass in mro[after:]:
-        if "__deepcopy__" in klass.__dict__:
-            return (klass.__dict__["__deepcopy__"],)
-    return None
-
-
-def copy_module(module: torch.nn.Module, memo: Dict[Any, Any]) -> Any:
-    """Deep-copy `module` (called as its `__deepcopy__`); returns the copy, memoised.
-
-    When `module` is the root of the top-level copy, this call owns that copy's record (see
-    `_record`): it finishes it when it returns and discards it when it raises.
-
-    The object is reduced exactly as `copy.deepcopy` reduces it (`copyreg.dispatch_table`,
-    then `__reduce_ex__(4)`).  A plain reduction (`copyreg.__newobj__`, a state dict, nothing
-    else) of a class that keeps `nn.Module`'s own copy protocol (`__getstate__`,
-    `__setstate__`, `__reduce_ex__`, `__reduce__`, no `__slots__`) is rebuilt by the fast
-    path below; anything else, and every copy made outside the shim's modes, goes through
-    `copy._reconstruct`, the very code native deepcopy runs.  Nothing here depends on the
-    mode: what is reported is recorded by the tensors the copy meets (see `_record`).
-    """
-    # One frame, not a call into a helper: it runs once per module, and every frame between a
-    # tensor and the copy's root is one more step of the record's walk (see _record).
-    try:
-        cls = type(module)
-        reductor = copyreg.dispatch_table.get(cls)
-        rv: Any = module.__reduce_ex__(4) if reductor is None else reductor(module)
-        if reductor is not None or not _is_plain_reduction(rv, cls):
-            new = module if isinstance(rv, str) else reconstruct(module, memo, *rv)
-        else:
-            new = cls.__new__(cls)  # what rv[0](*rv[1]), copyreg.__newobj__(cls), does
-            memo[id(module)] = new
-            state = rv[2]
-            # Every object memoised below is reachable from `state`, the reduction's dict;
-            # keeping it alive as long as the memo is what deepcopy's per-object _keep_alive
-            # guarantees: no memoised id can be reused by a new object during this copy.
-            keep_alive(state, memo)
-            # The class's own __setstate__ is nn.Module's (checked above), and a new object has
-            # no instance attribute that could shadow it.
-            _MODULE_SETSTATE(new, _copy_state(state, memo))  # type: ignore[no-untyped-call]
-    except BaseException:
-        if _record.open_records():
-            _record.module_copy_ended(module, failed=True)
-        raise
-    if id(module) in _owned:  # the root of a copy whose record this call finishes
-        _record.module_copy_ended(module, failed=False)
+    cls: Any = type(module)
+    copier = _own_deepcopy(module, cls)
+    if copier is not None:
+        return copier(memo)
+    reductor = copyreg.dispatch_table.get(cls)
+    rv: Any = reductor(module) if reductor else module.__reduce_ex__(4)
+    if reductor or not _is_plain_reduction(rv, cls):
+        return module if isinstance(rv, str) else _copy._reconstruct(module, memo, *rv)
+    new: Any = cls.__new__(cls)  # what rv[0](*rv[1]), copyreg.__newobj__(cls), does
+    memo[id(module)] = new
+    # What deepcopy(state, memo) makes of the state dict, memoised as its dict copier memoises it.
+    state = _copy_state(rv[2], memo)
+    if hasattr(new, "__setstate__"):  # as copy._reconstruct gives a state to the new object
+        new.__setstate__(state)
+    else:
+        new.__dict__.update(state)
     return new
+
+
+def _own_deepcopy(module: Any, cls: Any) -> Any:
+    """What `getattr(module, "__deepcopy__", None)` is, as deepcopy asks it.  Asked only where
+    the answer could be something: nn.Module's own `__getattr__` answers only from the
+    module's parameters, buffers and submodules, so a class that has no `__deepcopy__` and
+    keeps nn.Module's attribute lookup has none unless the instance names one."""
+    if (type(cls) is type and cls.__getattribute__ is _OBJECT_GETATTRIBUTE  # type: ignore[comparison-overlap]
+            and cls.__getattr__ is _MODULE_GETATTR  # type: ignore[attr-defined]
+            and getattr(cls, "__deepcopy__", None) is None):
+        state = module.__dict__
+        if "__deepcopy__" not in state and not any(
+                "__deepcopy__" in (state.get(store) or ()) for store in _MODULE_STORES):
+            return None
+    return getattr(module, "__deepcopy__", None)
 
 
 def _is_plain_reduction(rv: Any, cls: Any) -> bool:
     """True if `rv`, the reduction of an instance of `cls`, is one the fast path rebuilds:
-    object's own `(copyreg.__newobj__, (cls,), state dict, None, None)` of a class that keeps
-    nn.Module's copy protocol, while deepcopy's own copiers for atoms, tuples and dicts are in
-    place.  (Where no mode applies, the descriptor is not found and this copier never runs.)"""
+    object's own `(copyreg.__newobj__, (cls,), state dict, None, None)`, while deepcopy's own
+    copiers for atoms, tuples and dicts are in place."""
     return (
         type(rv) is tuple
         and len(rv) == 5
@@ -166,15 +95,6 @@ def _is_plain_reduction(rv: Any, cls: Any) -> bool:
         and type(rv[2]) is dict
         and len(rv[1]) == 1
         and rv[1][0] is cls
-        # The class (or a mixin) may compute its state or restore it differently: then only
-        # the generic reconstruction is known to do what native deepcopy does.
-        and getattr(cls, "__getstate__", None) is _MODULE_GETSTATE
-        and cls.__setstate__ is _MODULE_SETSTATE
-        and cls.__reduce_ex__ is _OBJECT_REDUCE_EX
-        and cls.__reduce__ is _OBJECT_REDUCE
-        # Slots would add storage beyond nn.Module's layout (native drops them; so would we,
-        # but a class with slots is one this path does not claim to understand).
-        and cls.__basicsize__ == _MODULE_BASICSIZE
         # The shortcuts keep atoms and tuples of atoms, and copy dicts, as deepcopy's own
         # copiers do.
         and dispatch_is_copys_own()
@@ -190,9 +110,13 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
     module's state is its hook OrderedDicts (10 in torch 2.0, 11 in 2.13), almost always
     empty, and an empty set; the generic path reduces and reconstructs each of them.
     """
-    # Atoms, and tuples of atoms, are what deepcopy returns unchanged: start from them.
-    new_state = dict(state)
     memo_get = memo.get
+    found = memo_get(id(state), _NIL)  # deepcopy asks the memo first, for the dict too
+    if found is not _NIL:
+        return found  # type: ignore[no-any-return]
+    # Atoms, and tuples of atoms, are what deepcopy returns unchanged: start from them.  The
+    # new dict is memoised before its items are copied, as deepcopy's dict copier does.
+    new_state = memo[id(state)] = dict(state)
     # deepcopy asks the memo with `memo.get`; for a plain dict `in` is the same question.
     plain_memo = type(memo) is dict
     # A copyreg registration would replace the reduction of every OrderedDict or set, a
@@ -271,7 +195,12 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
                 copied = memo[ident] = make()
         new_state[key] = copied
     if keys_made is not None:
-        new_state = {keys_made.get(id(key), key): value for key, value in new_state.items()}
+        rekeyed = {keys_made.get(id(key), key): value for key, value in new_state.items()}
+        new_state.clear()
+        new_state.update(rekeyed)
+    # Kept alive as long as the memo, as deepcopy keeps every object it copied: no id memoised
+    # above (the hook dicts made without deepcopy, above all) is taken by a new object.
+    keep_alive(state, memo)
     return new_state
 
 
@@ -381,12 +310,8 @@ def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any,
 
     For an `nn.Parameter` of exactly that type deepcopy looks `__deepcopy__` up on it, calls
     what it finds, and memoises the copy and keeps the parameter alive: that is done here, in
-    that order, without deepcopy's dispatch.  Other values go through deepcopy, and inside a
-    survey every value goes to the survey's copier.
+    that order, without deepcopy's dispatch.  Other values go through deepcopy.
     """
-    scope = _modes.current_scope()
-    if scope is not None and scope.survey is not None:
-        return _copy_items(mapping, memo, scope.survey.copy_value)
     if Parameter in _DEEPCOPY_DISPATCH:
         return _copy_items(mapping, memo, _deepcopy)
     existing: Dict[Any, Any] = memo.get(id(mapping), _NIL)
@@ -425,10 +350,6 @@ def _copy_parameters(mapping: Dict[Any, Any], memo: Dict[Any, Any]) -> Dict[Any,
     return new
 
 
-# A dict copied here instead of by deepcopy is still a step of the copy's path, and the module
-# copier is a copy frame that can be the root of a copy (a deepcopy written in C calls it
-# directly) and owns the record of a copy whose root it copies (see _record).
+# A dict copied here instead of by deepcopy is still a step of the copy's path (see _record).
 COPY_FRAMES[id(_copy_items.__code__)] = "mapping"
 COPY_FRAMES[id(_copy_parameters.__code__)] = "mapping"
-COPY_FRAMES[id(copy_module.__code__)] = ROOT_FRAMES[id(copy_module.__code__)] = "module"
-OWNER_FRAMES[id(copy_module.__code__)] = "module"

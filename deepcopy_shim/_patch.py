@@ -1,12 +1,12 @@
 """Installing and removing the patch: counted, exactly reversible, and never deadlocking.
 
-Two attributes change while the patch is installed:
+Two attributes that exist change while the patch is installed, and nothing is added anywhere:
 
 * `torch.Tensor.__deepcopy__` becomes a `StableFunctionWrapper` (see `_tensor`) around the
   original function; removal puts the very same function object back.
-* `torch.nn.Module.__deepcopy__` (which torch does not define) is added as a `ModuleDeepcopy`
-  descriptor (see `_module`); removal deletes it, leaving `vars(torch.nn.Module)` exactly as
-  it was.
+* `copy._deepcopy_dispatch`, the table `copy.deepcopy` asks for a copier for every object,
+  becomes a `DispatchTable` (see `_dispatch`) standing in for the original dict; removal puts
+  the very same dict back, holding every change made to the table meanwhile.
 
 Users of the patch (`enable()` counts as one, each active `enabled()` scope as one) call
 `acquire()` and `release()`.  The user is counted *before* anything is installed, so a
@@ -20,6 +20,7 @@ native behaviour even while the patch is installed.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import threading
@@ -50,34 +51,35 @@ class _Patch:
     """One installation: prepared outside the lock, applied and removed under it."""
 
     def __init__(self) -> None:
+        """Raises `RuntimeError` (preparing nothing) if copy's dispatch table is not a dict: a
+        patch this shim does not know replaced it."""
         # torch first: if another thread is importing it, wait here, holding no import lock
         # of ours; only then import the modules that import torch themselves.
         import torch
 
-        from ._module import ModuleDeepcopy
+        from ._dispatch import DispatchTable
         from ._tensor import StableFunctionWrapper, make_tensor_deepcopy_wrapper, refusal_problem
 
         # Typed as Any: the point is to assign attributes the type checker knows as methods.
         self.tensor_cls: Any = torch.Tensor
-        self.module_cls: Any = torch.nn.Module
         self.original = vars(self.tensor_cls)["__deepcopy__"]
         self.problem = refusal_problem(self.original)
         self.tensor_patch = StableFunctionWrapper(
             self.original, *make_tensor_deepcopy_wrapper(self.original, holding)
         )
-        self.module_patch = ModuleDeepcopy()
+        self.table = copy._deepcopy_dispatch  # type: ignore[attr-defined]
+        if not isinstance(self.table, dict):
+            raise RuntimeError(
+                "deepcopy_shim cannot install: copy._deepcopy_dispatch is not the dict the "
+                f"standard library makes but {type(self.table).__qualname__} (another patch "
+                "replaced it). Disable the other patch, or use torch's own copy."
+            )
+        self.table_patch = DispatchTable(self.table)
 
     def apply(self) -> None:
-        """Write both attributes.  Raises `RuntimeError` (writing nothing) if nn.Module
-        already has a `__deepcopy__`: a torch release or another patch this shim does not know."""
-        if "__deepcopy__" in vars(self.module_cls):
-            raise RuntimeError(
-                "deepcopy_shim cannot install: torch.nn.Module already defines __deepcopy__ "
-                f"({vars(self.module_cls)['__deepcopy__']!r}), so this torch release (or another "
-                "patch) is not supported. Disable the other patch, or use torch's own copy."
-            )
+        """Write both attributes."""
         self.tensor_cls.__deepcopy__ = self.tensor_patch
-        self.module_cls.__deepcopy__ = self.module_patch
+        copy._deepcopy_dispatch = self.table_patch  # type: ignore[attr-defined]
 
     def remove(self) -> List[str]:
         """Restore both attributes where they are still ours; return the names that were not."""
@@ -86,10 +88,10 @@ class _Patch:
             self.tensor_cls.__deepcopy__ = self.original
         else:
             conflicts.append("torch.Tensor.__deepcopy__")
-        if vars(self.module_cls).get("__deepcopy__") is self.module_patch:
-            del self.module_cls.__deepcopy__
+        if copy._deepcopy_dispatch is self.table_patch:  # type: ignore[attr-defined]
+            copy._deepcopy_dispatch = self.table  # type: ignore[attr-defined]
         else:
-            conflicts.append("torch.nn.Module.__deepcopy__")
+            conflicts.append("copy._deepcopy_dispatch")
         return conflicts
 
 
@@ -213,11 +215,12 @@ def _sync() -> None:
     patch = _Patch()  # imports; may wait for another thread's `import torch` to finish
     with _lock:
         # Another thread may have installed (or removed) the patch while this one prepared
-        # its own: then what this one read as torch's function may be the shim's wrapper, and
-        # its self-check says nothing about torch.
+        # its own: then what this one read as torch's function (or copy's table) may be the
+        # shim's, and its self-check says nothing about torch.
         if _installed is not None or _users == 0:
             return
-        if vars(patch.tensor_cls).get("__deepcopy__") is not patch.original:
+        if (vars(patch.tensor_cls).get("__deepcopy__") is not patch.original
+                or copy._deepcopy_dispatch is not patch.table):  # type: ignore[attr-defined]
             retry = True
         elif patch.problem is not None:
             retry = False

@@ -11,8 +11,7 @@ from __future__ import annotations
 import copy
 import copyreg
 import operator
-import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 __all__ = [
     "ATOMIC_TYPES",
@@ -21,12 +20,10 @@ __all__ = [
     "DEEPCOPY_ATOMIC",
     "DEEPCOPY_CODE",
     "DISPATCH",
-    "KEEP_ALIVE_DEPTH",
     "MEMO_LOCAL",
     "NIL",
-    "OWNER_FRAMES",
-    "ROOT_FRAMES",
     "X_LOCAL",
+    "copy_undispatched",
     "dispatch_is_copys_own",
     "keep_alive",
     "own_get",
@@ -36,6 +33,10 @@ __all__ = [
 ]
 
 DEEPCOPY = copy.deepcopy
+# The copy module, typed as Any: its private names are read through it, when they are used (so
+# that whoever replaced one is called as deepcopy calls it), with no type checker's comment on
+# a line that a traceback shows.
+_copy: Any = copy
 DEEPCOPY_CODE = copy.deepcopy.__code__
 DISPATCH: Dict[type, Any] = copy._deepcopy_dispatch  # type: ignore[attr-defined]
 reconstruct: Callable[..., Any] = copy._reconstruct  # type: ignore[attr-defined]
@@ -53,47 +54,52 @@ assert (X_LOCAL, MEMO_LOCAL) == ("x", "memo"), (
 
 # Frames that copy one object each, and the local holding that object: deepcopy's own, and the
 # shortcuts the shim's module copier takes instead of deepcopy (it registers them), so that a
-# record of the copy sees every object the copy went through.  Keyed by id() of the code
-# object (they live as long as their functions): hashing a code object costs twice as much,
-# and a record looks up every frame between a tensor and the copy's root.
+# copy's path to a tensor names every object the copy went through.  Keyed by id() of the code
+# object (they live as long as their functions): hashing a code object costs twice as much.
 COPY_FRAMES: Dict[int, str] = {id(DEEPCOPY_CODE): X_LOCAL}
-# Those of them that can start a top-level copy: deepcopy's own, and the module copier (a
-# deepcopy written in C calls it directly).  OWNER_FRAMES: those that finish the record of a
-# copy whose root they copy, when they return (see _record).
-ROOT_FRAMES: Dict[int, str] = {id(DEEPCOPY_CODE): X_LOCAL}
-OWNER_FRAMES: Dict[int, str] = {}
 
-# deepcopy ends every copy it makes (of an object that is not its own copy) with
-# `_keep_alive(x, memo)`, which does `memo[id(memo)].append(x)`: the end of a copy the shim
-# does not own is seen there (see _record).  KEEP_ALIVE_DEPTH is how many frames above that
-# `append` the deepcopy call that copied `x` is (`sys._getframe(KEEP_ALIVE_DEPTH)` inside
-# `append`), measured below on this Python's own copy module; None if it does not end copies
-# that way, and then reports are made tensor by tensor.
+# deepcopy looks its dispatch table up by its global name at every call (`_deepcopy_dispatch.get(
+# cls)`, the first thing it asks about an object the memo does not hold): the table installed in
+# the module is the one it asks.  Checked here, on this Python's own copy module.
+assert "_deepcopy_dispatch" in DEEPCOPY_CODE.co_names and "_reconstruct" in DEEPCOPY_CODE.co_names, (
+    "deepcopy_shim: this Python's copy.deepcopy does not look up _deepcopy_dispatch and "
+    "_reconstruct by name; its copy module is not one deepcopy_shim knows"
+)
 
 
-def _measure_keep_alive_depth() -> Optional[int]:
-    depths: List[Optional[int]] = []
+def copy_undispatched(x: Any, memo: Any) -> Any:
+    """What `copy.deepcopy(x, memo)` does for `x` once its dispatch table has no copier for
+    `type(x)`: a class is its own copy, then `x.__deepcopy__(memo)`, then the reduction
+    (`copyreg.dispatch_table`, `__reduce_ex__(4)`, `__reduce__`) rebuilt by `copy._reconstruct`.
+    Returns the copy; deepcopy itself memoises it and keeps `x` alive afterwards.  Raises what
+    those raise, and `copy.Error` for an object with none of them, as deepcopy does.
 
-    class Probe(list):  # type: ignore[type-arg]
-        def append(self, obj: Any) -> None:
-            list.append(self, obj)
-            frame: Any = sys._getframe(1)
-            depth = 1
-            while frame is not None and frame.f_code is not DEEPCOPY_CODE:
-                frame, depth = frame.f_back, depth + 1
-            found = frame is not None and frame.f_locals.get(X_LOCAL) is obj
-            depths.append(depth if found else None)
+    Line for line deepcopy's own code in CPython 3.9 to 3.13, so that a copy the shim starts
+    (see `_dispatch`) asks every object exactly what a native copy asks."""
+    cls = type(x)
+    if issubclass(cls, type):
+        return _copy._deepcopy_atomic(x, memo)
+    copier = getattr(x, "__deepcopy__", None)
+    if copier is not None:
+        return copier(memo)
+    reductor = copyreg.dispatch_table.get(cls)
+    if reductor:
+        rv = reductor(x)
+    else:
+        reductor = getattr(x, "__reduce_ex__", None)
+        if reductor is not None:
+            rv = reductor(4)
+        else:
+            reductor = getattr(x, "__reduce__", None)
+            if reductor:
+                rv = reductor()
+            else:
+                raise copy.Error(f"un(deep)copyable object of type {cls}")
+    if isinstance(rv, str):
+        return x
+    # Looked up now, as deepcopy looks it up: whoever replaced it is called as natively.
+    return _copy._reconstruct(x, memo, *rv)
 
-    memo: Dict[Any, Any] = {}
-    memo[id(memo)] = Probe()
-    root: List[Any] = [[]]
-    DEEPCOPY(root, memo)
-    if len(depths) != 2 or depths[0] != depths[1]:  # the inner list, then the root
-        return None
-    return depths[-1]
-
-
-KEEP_ALIVE_DEPTH: Optional[int] = _measure_keep_alive_depth()
 
 # deepcopy returns these unchanged and never memoises them, and a tuple of them is its own copy,
 # as long as its dispatch table holds its own copiers for them (see `dispatch_is_copys_own`).

@@ -8,12 +8,13 @@ replaced by a stand-in on the meta device (same class where it can be, dtype, sh
 follows the copy's own protocol, but no tensor's data is copied and none is allocated.  The
 survey's copy is discarded.
 
-The stand-ins come from the survey's memo, which deepcopy asks first for every object (so
-`nn.Parameter` gets one too; a tensor subclass with a `__deepcopy__` of its own is copied by
-it, as in the copy, so that what it copies beside the data is surveyed), and,
-for a copy a custom `__deepcopy__` starts with a fresh memo, from the tensor patch.  Scopes
-entered during the survey keep their modes (a strict one still refuses) but copy nothing
-either and say nothing.
+The stand-ins come from the copier copy's dispatch table gives a tensor while the survey runs
+(see `_dispatch`: so `nn.Parameter` gets one too, also in a copy a custom `__deepcopy__` starts
+with a fresh memo; a tensor subclass with a `__deepcopy__` of its own is copied by it, as in the
+copy, so that what it copies beside the data is surveyed), and from the tensor patch for a
+tensor's `__deepcopy__` called directly.  Scopes entered during the survey keep their modes (a
+strict one still refuses, one without the shim refuses as torch does) but copy nothing either
+and say nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import copy
 import copyreg
 import sys
-import weakref
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
@@ -30,7 +30,7 @@ from . import _modes, _protocol
 from ._access import Entry, existing_instance_dict
 from ._errors import NonLeafTensorError
 from ._modes import Mode, ModeSetting, Source
-from ._record import Tracker, steps, walk
+from ._record import Copy, current_copy, entries, opened
 
 __all__ = ["Survey", "dry_memo", "run"]
 
@@ -49,28 +49,40 @@ _REFUSAL = ("Only Tensors created explicitly by the user (graph leaves) support 
 
 
 class Survey:
-    """One survey: the tensors with history met in its own scope, with their frames."""
+    """One survey: its own copy (see `run`), whose record holds the tensors with history met."""
 
-    __slots__ = ("tracker", "scope", "captured")
+    __slots__ = ("copy",)
 
-    def __init__(self, root: Any) -> None:
-        self.tracker = Tracker(root)
-        self.scope: Optional[_modes.Scope] = None
-        self.captured: Dict[int, Tuple[Any, Any, Any]] = {}
+    def __init__(self) -> None:
+        self.copy: Optional[Copy] = None
 
-    def copy_tensor(self, tensor: _Tensor, memo: Any, caller: Any, scope: _modes.Scope) -> Any:
-        """The stand-in copy of `tensor` (called by the frame `caller`), memoised in `memo`,
+    def copier_for(self, cls: type) -> Optional[Callable[[Any, Any], Any]]:
+        """The copier for an object of class `cls` in a copy made during this survey: the
+        stand-in's, for a tensor whose `__deepcopy__` is torch's or `nn.Parameter`'s; None:
+        deepcopy's own way (modules are reduced and rebuilt as natively)."""
+        if issubclass(cls, _Tensor) and _stands_in(cls):
+            return self._copy_dispatched
+        return None
+
+    def _copy_dispatched(self, tensor: _Tensor, memo: Any) -> Any:
+        copy_ = current_copy()
+        assert copy_ is not None  # the dispatch table gave this copier inside a copy
+        return self.copy_tensor(tensor, memo, sys._getframe(1), copy_)
+
+    def copy_tensor(self, tensor: _Tensor, memo: Any, caller: Any, copy_: Copy) -> Any:
+        """The stand-in copy of `tensor` (called by the frame `caller`, in `copy_`: the
+        survey's own copy, or one made in a scope entered during it), memoised in `memo`,
         after the parts of it the copy would deep-copy (grad, slots, `__dict__`)."""
         found = _protocol.own_get(memo, id(tensor), _protocol.NIL)
         if found is not _protocol.NIL:
             return found
         leaf = tensor.is_leaf
         if not leaf:
-            if scope is self.scope:
-                self._meet(tensor, caller)
-            elif scope.setting is None:  # a scope without the shim: torch's own refusal
+            if copy_ is self.copy:
+                copy_.meet(tensor, caller, _SETTING)
+            elif copy_.setting is None:  # a scope without the shim: torch's own refusal
                 raise RuntimeError(_REFUSAL)
-            elif scope.setting.mode is Mode.STRICT:
+            elif copy_.setting.mode is Mode.STRICT:
                 raise NonLeafTensorError(
                     "deepcopy_shim: refused a tensor with autograd history (met by the survey "
                     "of a copy)", paths=("",), mode=Mode.STRICT, tensors=(tensor,))
@@ -82,7 +94,7 @@ class Survey:
             # slots of a subclass, the instance dict without torch's non-serializable caches.
             grad = tensor.grad if leaf or tensor.retains_grad else None
             if grad is not None:
-                grad_twin = self.copy_tensor(grad, memo, sys._getframe(0), scope)
+                grad_twin = self.copy_tensor(grad, memo, sys._getframe(0), copy_)
                 try:
                     twin.grad = grad_twin
                 except Exception:  # a stand-in of another shape or class: only the walk counts
@@ -104,22 +116,6 @@ class Survey:
                 twin.__dict__ = copy.deepcopy(twin.__dict__, memo)
         _protocol.own_set(memo, id(tensor), twin)
         return twin
-
-    def copy_value(self, value: Any, memo: Any) -> Any:
-        """`copy.deepcopy(value, memo)` for a value of a module's `_parameters`."""
-        if isinstance(value, _Tensor) and _stands_in(type(value)):
-            scope = _modes.current_scope()
-            if scope is not None:
-                return self.copy_tensor(value, memo, sys._getframe(1), scope)
-        return copy.deepcopy(value, memo)
-
-    def _meet(self, tensor: _Tensor, caller: Any) -> None:
-        assert self.scope is not None
-        walked, hit, _, _ = walk(caller, self.scope.boundary, self.captured)
-        taken = steps(walked)
-        for frame, (key, x) in zip(walked, taken):
-            self.captured[key] = (frame.f_code, x, self)
-        self.tracker.add(tensor, taken, (id(hit[0]), hit[1][1]) if hit is not None else None)
 
 
 def _stand_in(tensor: _Tensor) -> Any:
@@ -157,46 +153,17 @@ def _stands_in(cls: type) -> bool:
 _PARAMETER_DEEPCOPY = vars(_Parameter).get("__deepcopy__")
 
 
-class _AnswersWithStandIns:
-    """The survey's memo: deepcopy asks it first for every object it copies (`memo.get(id(x))`);
-    for a tensor the answer, unless the memo has one of its own, is the tensor's stand-in."""
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        found = super().get(key, _protocol.NIL)  # type: ignore[misc]
-        if found is not _protocol.NIL:
-            return found
-        frame = sys._getframe(1)
-        if frame.f_code is _protocol.DEEPCOPY_CODE:
-            obj = frame.f_locals.get(_protocol.X_LOCAL, _protocol.NIL)
-            if id(obj) == key and isinstance(obj, _Tensor) and _stands_in(type(obj)):
-                scope = _modes.current_scope()
-                if scope is not None and scope.survey is not None:
-                    return scope.survey.copy_tensor(obj, self, frame, scope)
-        return default
-
-
-class _DryDict(_AnswersWithStandIns, dict):  # type: ignore[type-arg]
-    pass
-
-
-_memo_classes: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
-
-
-def dry_memo(like: Any = None, entries: Optional[Dict[Any, Any]] = None) -> Any:
-    """A memo for a survey, of `like`'s class where that is a dict subclass (so that its own
-    `get`, such as pyro's, answers as it does in the copy), holding `entries`."""
-    cls = type(like)
-    if isinstance(like, dict) and cls is not dict and cls is not _DryDict:
-        made = _memo_classes.get(cls)
-        if made is None:
-            made = _memo_classes[cls] = type(f"Survey{cls.__name__}", (_AnswersWithStandIns, cls), {})
+def dry_memo(kind: type = dict, entries: Optional[Dict[Any, Any]] = None) -> Any:
+    """A memo for a survey, of the class `kind` of the copy's memo where that is a dict
+    subclass (so that its own methods, such as pyro's `get`, answer as they do in the copy),
+    holding `entries`."""
+    memo: Any = {}
+    if issubclass(kind, dict) and kind is not dict:
         try:
-            memo = made.__new__(made)  # type: ignore[call-overload]
+            memo = kind.__new__(kind)
             dict.__init__(memo)
         except Exception:  # a memo class the survey cannot make: the plain kind
-            memo = _DryDict()
-    else:
-        memo = _DryDict()
+            memo = {}
     if entries:
         dict.update(memo, entries)
     return memo
@@ -207,21 +174,18 @@ def run(root: Any, memo: Any, hold: Callable[[], ContextManager[Any]]
     """Survey the copy of `root` with `memo` (from `dry_memo`) while `hold()` keeps the patch
     installed; return the tensors with history met, located, and what stopped the copy
     (`"TypeError: ..."`), if anything did (the entries then are those met until then)."""
-    survey = Survey(root)
+    survey = Survey()
     error: Optional[str] = None
-    try:
-        with hold():
-            survey.scope = _modes.push_scope(survey, _SETTING, sys._getframe(0), survey=survey)
-            try:
-                copy.deepcopy(root, memo)
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"  # the words: the error would hold this frame
-            finally:
-                _modes.pop_scope(survey)
-        return survey.tracker.entries(), error
-    finally:
-        # The scope holds this frame, which holds the survey: break that cycle (and let go of
-        # the survey's frames), so that what the survey made is freed when it returns.
-        survey.scope = None
-        survey.captured.clear()
-        survey.tracker.release()
+    with hold():
+        _modes.push_scope(survey, _SETTING, survey=survey)
+        try:
+            survey.copy = own = Copy(root, memo, _SETTING, sys._getframe(0), survey)
+            with opened(own):
+                try:
+                    copy.deepcopy(root, memo)
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"  # the words: the error would hold this frame
+        finally:
+            _modes.pop_scope(survey)
+    survey.copy = None
+    return entries(root, own.met), error

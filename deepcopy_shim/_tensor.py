@@ -32,6 +32,7 @@ __all__ = [
 __tracebackhide__ = True
 
 _current_setting = _modes.current_setting
+_surveying = _record.surveying
 # What torch's refusal says, in every release from 2.0 on (older ones say less after it).
 REFUSAL = "graph leaves"
 
@@ -50,8 +51,9 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
     `MethodType`, without wrapt's calling convention: measured on copies of 8-element
     tensors, 0.25 us more than torch's own call, against 0.85 us through the wrapper.
 
-    Where no mode applies (see `_modes`), instance access binds the wrapped function itself:
-    `t.__deepcopy__` is then what it is without the shim, for deepcopy and for anyone who looks.
+    Where no mode applies (see `_modes`), and no survey runs (see `_survey`), instance access
+    binds the wrapped function itself: `t.__deepcopy__` is then what it is without the shim, for
+    deepcopy and for anyone who looks.
     """
 
     def __init__(self, wrapped: Callable[..., Any], wrapper: Callable[..., Any],
@@ -63,7 +65,7 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             return self
-        if _current_setting() is None:
+        if _current_setting() is None and not _surveying():
             return MethodType(self._self_original, instance)
         return MethodType(self._self_bound, instance)
 
@@ -161,10 +163,12 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
     from `__torch_function__`) and the plain function of torch's own signature, `(self, memo)`,
     that an instance binds (`t.__deepcopy__(memo)`, what deepcopy calls for every tensor).
 
-    Both do the same: delegate to `original`, and only handle torch's "graph leaves" refusal.
-    `hold()` keeps the patch installed while a strict refusal is surveyed after its copy.
+    Both do the same: in a copy the shim runs (see `_record`), delegate to `original` and only
+    handle torch's "graph leaves" refusal; called directly where a mode applies and no copy
+    runs, start a copy of their own for this tensor.  `hold()` keeps the patch installed while
+    a strict refusal is surveyed after its copy.
     """
-    current_scope = _modes.current_scope
+    current_copy = _record.current_copy
     # Delegate first.  Inspecting the tensor before delegating (is_leaf, has_torch_function)
     # recurses forever on the __torch_function__ redispatch path; delegating first lets torch
     # do everything it can (leaves, memo hits, subclasses, sparse, quantized) exactly as it
@@ -174,28 +178,38 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
 
     def tensor_deepcopy(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
                         kwargs: Dict[str, Any]) -> Any:
-        scope = current_scope()
-        if scope is not None and scope.survey is not None:
+        copy_ = current_copy()
+        if copy_ is None and _current_setting() is not None:
+            try:
+                tensor, memo = _bind(args, kwargs)
+            except (IndexError, KeyError):  # not torch's two arguments: torch says what is wrong
+                return wrapped(*args, **kwargs)
+            return _copy_alone(original, hold, tensor, memo, sys._getframe(1))
+        if copy_ is not None and copy_.survey is not None:
             tensor, memo = _bind(args, kwargs)
-            return scope.survey.copy_tensor(tensor, memo, sys._getframe(1), scope)
+            return copy_.survey.copy_tensor(tensor, memo, sys._getframe(1), copy_)
         try:
             return wrapped(*args, **kwargs)
         except RuntimeError:
             # torch got its two arguments (a bad call raises TypeError): they bind.
             tensor, memo = _bind(args, kwargs)
-            copied = _after_refusal(original, hold, tensor, memo, sys._getframe(1))
+            copied = _after_refusal(original, hold, tensor, memo, sys._getframe(1), copy_)
             if copied is NIL:
                 raise
             return copied
 
     def bound_deepcopy(self: torch.Tensor, memo: Dict[Any, Any]) -> Any:
-        scope = current_scope()
-        if scope is not None and scope.survey is not None:
-            return scope.survey.copy_tensor(self, memo, sys._getframe(1), scope)
+        copy_ = current_copy()
+        if copy_ is None:
+            if _current_setting() is None:  # pragma: no cover - the descriptor binds torch's own
+                return original(self, memo)
+            return _copy_alone(original, hold, self, memo, sys._getframe(1))
+        if copy_.survey is not None:
+            return copy_.survey.copy_tensor(self, memo, sys._getframe(1), copy_)
         try:
             return original(self, memo)
         except RuntimeError:
-            copied = _after_refusal(original, hold, self, memo, sys._getframe(1))
+            copied = _after_refusal(original, hold, self, memo, sys._getframe(1), copy_)
             if copied is NIL:
                 raise
             return copied
@@ -205,22 +219,44 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
     return tensor_deepcopy, bound_deepcopy
 
 
+def _copy_alone(original: Callable[..., Any], hold: Callable[[], ContextManager[Any]],
+                tensor: torch.Tensor, memo: Dict[Any, Any], caller: Any) -> Any:
+    """Copy `tensor`, whose `__deepcopy__` was called directly where a mode applies and no copy
+    runs (by code of its own, or by a deepcopy that is not the standard library's): the
+    tensor's copy is a top-level copy of its own, started and ended here."""
+    setting = _current_setting()
+    assert setting is not None  # the callers asked
+    copy_ = _record.Copy(tensor, memo, setting, sys._getframe(0))
+    with _record.opened(copy_):
+        try:
+            copied = original(tensor, memo)
+        except RuntimeError:
+            copied = _after_refusal(original, hold, tensor, memo, caller, copy_)
+            if copied is NIL:
+                raise
+        copy_.settle_storages()
+    copy_.report()
+    return copied
+
+
 def _after_refusal(original: Callable[..., Any], hold: Callable[[], ContextManager[Any]],
-                   tensor: torch.Tensor, memo: Dict[Any, Any], caller: Any) -> Any:
-    """What the copy of `tensor` (called by the frame `caller`) is, the RuntimeError of
-    `original` being handled: NIL where that error stands (no mode applies, it is not torch's
-    refusal, or the tensor is a leaf: the refusal came from somewhere inside it), the memo's
-    copy where it has one, else the detached copy; in mode strict, raises
+                   tensor: torch.Tensor, memo: Dict[Any, Any], caller: Any,
+                   copy_: Optional[_record.Copy]) -> Any:
+    """What the copy of `tensor` (called by the frame `caller`, in `copy_`) is, the
+    RuntimeError of `original` being handled: NIL where that error stands (no mode applies,
+    it is not torch's refusal, or the tensor is a leaf: the refusal came from somewhere inside
+    it), the memo's copy where it has one, else the detached copy; in mode strict, raises
     `NonLeafTensorError` with torch's error as its cause."""
-    setting = _modes.current_setting()
-    if setting is None or not _is_torch_refusal(sys.exc_info()[1], original) or tensor.is_leaf:
-        return NIL
+    setting = _current_setting()
+    error: Any = sys.exc_info()[1]
+    if setting is None or copy_ is None or not _is_torch_refusal(error, original) or tensor.is_leaf:
+        return NIL  # (no copy runs only where no mode applies: see the callers)
     if setting.mode is Mode.STRICT:
         # torch checks is_leaf before its memo, so it refuses even a tensor the memo already
         # holds (a retained .grad, copied by a direct __deepcopy__ call): so does strict.
         # refuse() makes torch's error (the one being handled) the cause.  The raise below is
         # the last source line a plain Python traceback shows: it says what happened.
-        refused_in_mode_strict = _refusal.refuse(tensor, caller, setting, sys.exc_info()[1], hold)  # type: ignore[arg-type]
+        refused_in_mode_strict = _refusal.refuse(tensor, caller, setting, error, hold, copy_)
         try:
             raise refused_in_mode_strict  # deepcopy_shim mode strict: the message below says what and how
         finally:
@@ -230,7 +266,7 @@ def _after_refusal(original: Callable[..., Any], hold: Callable[[], ContextManag
     existing = memo.get(id(tensor), NIL)
     if existing is not NIL:
         return existing
-    return copy_detached(original, tensor, memo, setting, caller)
+    return copy_detached(original, tensor, memo, setting, caller, copy_)
 
 
 def _is_torch_refusal(exc: Any, original: Callable[..., Any]) -> bool:
@@ -255,24 +291,25 @@ def _bind(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
 
 
 def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict[Any, Any],
-                  setting: _modes.ModeSetting, caller: Any) -> torch.Tensor:
-    """Copy the non-leaf `tensor` exactly as torch copies a leaf twin of it.
+                  setting: _modes.ModeSetting, caller: Any, copy_: _record.Copy) -> torch.Tensor:
+    """Copy the non-leaf `tensor` exactly as torch copies a leaf twin of it, in `copy_`.
 
     The twin is a detached alias of `tensor` given its instance dict (a shallow copy), its
-    slots and its retained `.grad`: torch's own function then copies it as it copies any leaf,
-    through its storage memo (so views and their bases copied in one deepcopy still share
-    storage, and strides, offset, sparse and quantized layouts are exactly as torch makes them),
-    deep-copying the grad, slots and dict as it always does (leaving out its own
-    non-serializable caches).  Conj and neg bits are kept as bits (torch resolves them on
-    leaves).  Then `requires_grad` is put back.  `caller` is the frame that called
+    slots and its retained `.grad`: torch's own function then copies it as it copies any leaf
+    (so strides, sparse and quantized layouts are exactly as torch makes them), deep-copying
+    the grad, slots and dict as it always does (leaving out its own non-serializable caches).
+    Its storage is what `_spans` says: the part of the source's storage it spans, or the whole
+    storage through torch's storage memo (so views and their bases copied in one deepcopy
+    still share storage).  Conj and neg bits are kept as bits (torch resolves them on leaves).
+    Then `requires_grad` is put back.  `caller` is the frame that called
     `Tensor.__deepcopy__`; nothing of `tensor` changes.
 
-    In mode warn the tensor enters its copy's record (see `_record`) as it is met, so that the
-    record keeps the order of the copy, and leaves it again if its copy fails: then
-    `DetachedCopyError` names the tensor's path, with torch's error as its cause (and not
-    chained under the "graph leaves" refusal).
+    In mode warn the tensor enters its copy's record as it is met, so that the record keeps
+    the order of the copy, and leaves it again if its copy fails: then `DetachedCopyError`
+    names the tensor's path, with torch's error as its cause (and not chained under the
+    "graph leaves" refusal).
     """
-    record, met = _record.record_for(tensor, caller, setting) if setting.mode is Mode.WARN else (None, None)
+    met = copy_.meet(tensor, caller, setting) if setting.mode is Mode.WARN else None
     cls = type(tensor)
     try:
         with torch.no_grad():
@@ -287,44 +324,63 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
                 alias = alias.conj()
             if neg:
                 alias = torch._neg_view(alias)
+            # The storage its copy takes (see _spans): its own part, or the whole, as torch's.
+            part = None if conj or neg else copy_.spans().twin(alias, memo)
+            twin = alias if part is None else part
             # A conj or neg view made of the copy below is a tensor of its own: the grad goes
             # on that one, after it.
-            grad = _give_state(tensor, alias, with_grad=not (conj or neg))
-            keep_alive(alias, memo)
-            result: torch.Tensor = original(alias, memo)
+            grad = _give_state(tensor, twin, with_grad=not (conj or neg))
+            keep_alive(twin, memo)
+            if part is None:
+                result: torch.Tensor = original(twin, memo)
+            else:
+                result = _copy_on_its_storage(original, twin, memo)
+                copy_.spans().made(alias, memo, result)
             if neg:
                 result = torch._neg_view(result)
             if conj:
                 result = result.conj()
             if grad is not None:  # a retained grad the twin did not take: copied after it
-                result.grad = grad.__deepcopy__(memo)  # type: ignore[no-untyped-call]
+                copier: Any = grad.__deepcopy__
+                result.grad = copier(memo)
     except Exception:
-        _detached_copy_failed(record, met, tensor, memo, caller)
+        _detached_copy_failed(copy_, met, tensor, caller)
         raise  # not torch's failure: the error of the user's code, unchanged
     memo[id(tensor)] = result
     if tensor.requires_grad:
         result.requires_grad_(True)
-    if record is not None and record.immediate:
-        record.finish()
     return result
 
 
-def _detached_copy_failed(record: Optional[_record.CopyRecord], met: Any, tensor: torch.Tensor,
-                          memo: Dict[Any, Any], caller: Any) -> None:
+def _copy_on_its_storage(original: Callable[..., Any], twin: torch.Tensor,
+                         memo: Dict[Any, Any]) -> torch.Tensor:
+    """torch's copy of `twin`, whose storage is already the copy's: torch's storage memo is
+    told so for this one call, and forgets it after."""
+    whole = memo.setdefault("torch", {})  # as torch's own storage copy asks for it
+    storage = twin.untyped_storage()
+    key = storage._cdata
+    whole[key] = storage
+    try:
+        copied: torch.Tensor = original(twin, memo)
+    finally:
+        if whole.get(key) is storage:
+            del whole[key]
+    return copied
+
+
+def _detached_copy_failed(copy_: _record.Copy, met: Any, tensor: torch.Tensor, caller: Any) -> None:
     """The detached copy of `tensor` raised (the exception being handled): nothing was
     detached.  If torch itself failed (its own code raised), raise `DetachedCopyError` naming
     the tensor, with torch's error as its cause; else return, and the caller re-raises the
     error of the code that raised it (a `__deepcopy__` of a value in the tensor's dict) as it
     is, the very object the detaching oracle raises."""
-    if record is not None and met is not None:
-        record.forget(met)
-        if record.immediate or record.root is tensor:  # the copy that failed was its own
-            record.discard(memo)
+    if met is not None:
+        copy_.forget(met)
     if not _raised_in_torch(sys.exc_info()[2]):
         return
-    path = _record.path_here(tensor, caller)
-    error = sys.exc_info()[1]
-    raise DetachedCopyError(_report.detached_copy_failure(path, tensor, error), path=path) from error  # type: ignore[arg-type]
+    path = copy_.path_of(tensor, caller)
+    error: Any = sys.exc_info()[1]
+    raise DetachedCopyError(_report.detached_copy_failure(path, tensor, error), path=path) from error
 
 
 _TORCH_DIR = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "")

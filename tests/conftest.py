@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Iterator
 
 import pytest
 import torch
 from support.models import (
+    ORIGINAL_DISPATCH,
     ORIGINAL_MODULE_ATTRS,
     ORIGINAL_TENSOR_DEEPCOPY,
     CachedActivationsNet,
@@ -20,14 +22,15 @@ from deepcopy_shim import _patch, _record
 
 @pytest.fixture(autouse=True)
 def _shim_is_left_clean() -> Iterator[None]:
-    """Every test starts and ends with the shim off, torch exactly as it was, and no record of
-    a copy left open in this thread."""
+    """Every test starts and ends with the shim off, torch and copy exactly as they were, and no
+    copy left running in this thread."""
     yield
     deepcopy_shim.disable()
     assert _patch.state() in ("off", "inert"), _patch.state()
     assert vars(torch.Tensor)["__deepcopy__"] is ORIGINAL_TENSOR_DEEPCOPY
     assert module_attrs() == ORIGINAL_MODULE_ATTRS
-    assert _record.open_records() == []
+    assert copy._deepcopy_dispatch is ORIGINAL_DISPATCH  # type: ignore[attr-defined]
+    assert _record.current() is None
 
 
 @pytest.fixture

@@ -85,14 +85,14 @@ def test_bad_value_reports_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 def test_failure_to_enable_reports_one_line(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     def broken(setting: object) -> None:
-        raise RuntimeError("deepcopy_shim: torch.nn.Module already\ndefines __deepcopy__")
+        raise RuntimeError("deepcopy_shim: copy._deepcopy_dispatch is\nnot the dict")
 
     monkeypatch.setattr(_activation, "set_global", broken)
     assert activate_from_environment({"DEEPCOPY_SHIM": "warn"}) is None
     err = capsys.readouterr().err
     # decided by the exception's type, not by its words: this one is a failure, not a bad value
     assert err == ("deepcopy_shim: start-up activation by DEEPCOPY_SHIM failed (RuntimeError: "
-                   "deepcopy_shim: torch.nn.Module already defines __deepcopy__); the shim stays off\n")
+                   "deepcopy_shim: copy._deepcopy_dispatch is not the dict); the shim stays off\n")
 
 
 @pytest.mark.parametrize("missing", ["wrapt", "torch"])

@@ -319,10 +319,11 @@ _BROKEN = {
     # wrapt cannot be imported at all (a broken or missing install)
     "wrapt unimportable": ("import sys\nsys.modules['wrapt'] = None\n",
                            "wrapt cannot be imported", "wrapt          CANNOT BE IMPORTED"),
-    # another patch already defines nn.Module.__deepcopy__
-    "foreign Module.__deepcopy__": (
-        "import torch\ntorch.nn.Module.__deepcopy__ = lambda self, memo: self\n",
-        "cannot install: torch.nn.Module already defines __deepcopy__", "self-test      FAILED"),
+    # another patch replaced copy's dispatch table with something that is not a dict
+    "foreign copy table": (
+        "import copy, types\n"
+        "copy._deepcopy_dispatch = types.MappingProxyType(dict(copy._deepcopy_dispatch))\n",
+        "cannot install: copy._deepcopy_dispatch is not the dict", "self-test      FAILED"),
     # the wrapt release the package metadata excludes
     "excluded wrapt": ("import wrapt\nwrapt.__version__ = '2.2.0'\n",
                        "wrapt 2.2.0 is excluded", "EXCLUDED by deepcopy-shim's requirements"),
@@ -438,12 +439,13 @@ def test_without_wrapt_the_self_test_is_skipped_and_without_torch_it_is_a_proble
 def test_a_self_test_that_cannot_run_says_why_once(capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     def cannot_install() -> List[str]:
-        raise RuntimeError("deepcopy_shim: cannot install: torch.nn.Module already\n   defines "
-                           "__deepcopy__ (set by deepcopy_shim: a test)")
+        raise RuntimeError("deepcopy_shim: cannot install: copy._deepcopy_dispatch is\n   not the "
+                           "dict the standard library makes (set by deepcopy_shim: a test)")
 
     monkeypatch.setattr(_doctor, "_self_test", cannot_install)
     status, out, err = check(capsys)
-    said = "cannot install: torch.nn.Module already defines __deepcopy__ (set by deepcopy_shim: a test)"
+    said = ("cannot install: copy._deepcopy_dispatch is not the dict the standard library makes "
+            "(set by deepcopy_shim: a test)")
     assert status == 1 and f"  problem: {said}" in out.splitlines()
     assert err == f"deepcopy_shim --check: {said}\n"
 

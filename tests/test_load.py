@@ -88,6 +88,7 @@ _SOAK = textwrap.dedent(
     from deepcopy_shim import NonLeafTensorError
 
     ORIGINAL = vars(torch.Tensor)["__deepcopy__"]
+    TABLE = copy._deepcopy_dispatch
     start = threading.Barrier(5)
     errors, done = [], []
 
@@ -196,10 +197,11 @@ _SOAK = textwrap.dedent(
         if thread.is_alive():
             errors.append("a thread hung")
     deepcopy_shim.disable()
-    if vars(torch.Tensor)["__deepcopy__"] is not ORIGINAL or "__deepcopy__" in vars(torch.nn.Module):
-        errors.append("torch not restored")
-    if deepcopy_shim._record.open_records():
-        errors.append("a record left open")
+    if (vars(torch.Tensor)["__deepcopy__"] is not ORIGINAL or "__deepcopy__" in vars(torch.nn.Module)
+            or copy._deepcopy_dispatch is not TABLE):
+        errors.append("torch or copy not restored")
+    if deepcopy_shim._record.current() is not None:
+        errors.append("a copy left running")
     print("steps:", len(done), "errors:", errors[:5])
     """
 )

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 import torch
 import torch.nn as nn
+from support.graphdiff import GraphDiff
 from support.models import (
     CachedActivationsNet,
     cached_activations_net,
@@ -401,23 +402,35 @@ class OwnState(nn.Module):
         self.restored = True
 
 
-def test_a_class_with_its_own_state_protocol_takes_the_faithful_path(
+def test_a_class_with_its_own_state_protocol_is_rebuilt_from_the_state_it_gives(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from deepcopy_shim import _module
-
+    """The fast path copies whatever state dict the reduction gives (a `__getstate__` of the
+    class's own) exactly as deepcopy copies it, and gives it to the class's own `__setstate__`,
+    as `copy._reconstruct` does; a reduction that is not object's own shape goes through
+    `copy._reconstruct` itself."""
     rebuilt: List[type] = []
-    original = _module.reconstruct
+    original = copy._reconstruct  # type: ignore[attr-defined]
 
     def spy(x: Any, memo: Dict[int, Any], *rv: Any) -> Any:
         rebuilt.append(type(x))
         return original(x, memo, *rv)
 
-    monkeypatch.setattr(_module, "reconstruct", spy)
-    model = nn.Sequential(OwnState(), nn.Linear(2, 2))
+    model = nn.Sequential(OwnState(), nn.Linear(2, 2), OwnReduction())
+    native = copy.deepcopy(model)
+    monkeypatch.setattr(copy, "_reconstruct", spy)
     copied = copy.deepcopy(model)
-    assert rebuilt == [OwnState]  # copy._reconstruct for it; the fast path for the others
+    assert rebuilt == [OwnReduction]  # copy._reconstruct for it; the fast path for the others
     assert copied[0].restored and not model[0].restored
+    GraphDiff(model, native, copied).check()
+
+
+class OwnReduction(nn.Module):
+    """Reduces itself to its class and a state of its own making (not object's shape)."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (OwnReduction, (), {"training": self.training, "_parameters": {}, "_buffers": {},
+                                   "_modules": {}, "made": "here"})
 
 
 def test_a_subclass_tensors_dict_is_copied_as_torch_copies_a_leafs_and_the_source_keeps_its_own() -> None:

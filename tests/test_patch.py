@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import types
 import warnings
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn as nn
 from support.lines import marked_line
 from support.models import (
+    ORIGINAL_DISPATCH,
     ORIGINAL_MODULE_ATTRS,
     ORIGINAL_TENSOR_DEEPCOPY,
     CachedActivationsNet,
@@ -38,9 +40,12 @@ def test_enable_installs_and_disable_restores_identity(cached_net: CachedActivat
     deepcopy_shim.enable()
     assert (_patch.state() == "installed")
     assert vars(torch.Tensor)["__deepcopy__"] is not ORIGINAL_TENSOR_DEEPCOPY
-    assert "__deepcopy__" in vars(nn.Module)
+    assert copy._deepcopy_dispatch is not ORIGINAL_DISPATCH  # type: ignore[attr-defined]
+    assert copy._deepcopy_dispatch == ORIGINAL_DISPATCH  # type: ignore[attr-defined]
+    assert module_attrs() == ORIGINAL_MODULE_ATTRS  # nothing on nn.Module, ever
     deepcopy_shim.disable()
     assert vars(torch.Tensor)["__deepcopy__"] is ORIGINAL_TENSOR_DEEPCOPY
+    assert copy._deepcopy_dispatch is ORIGINAL_DISPATCH  # type: ignore[attr-defined]
     assert module_attrs() == ORIGINAL_MODULE_ATTRS
     assert native_refuses(cached_net)  # the native error is back, verbatim
 
@@ -369,7 +374,8 @@ def test_failed_deferred_install_never_breaks_import_torch() -> None:
         # as pytest's filterwarnings = error::deepcopy_shim.DeepcopyShimWarning would
         warnings.filterwarnings("error", category=deepcopy_shim.DeepcopyShimWarning)
         def other_patch(torch):  # runs first: post-import hooks fire in registration order
-            torch.nn.Module.__deepcopy__ = lambda self, memo: self
+            import copy, types  # a read-only table: copy.deepcopy still works natively
+            copy._deepcopy_dispatch = types.MappingProxyType(dict(copy._deepcopy_dispatch))
         wrapt.register_post_import_hook(other_patch, "torch")
         deepcopy_shim.enable()
         import torch
@@ -380,7 +386,7 @@ def test_failed_deferred_install_never_breaks_import_torch() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "imported False"
     (line,) = [s for s in result.stderr.splitlines() if s.startswith("deepcopy_shim")]
-    assert "not installed at `import torch`" in line and "already defines __deepcopy__" in line
+    assert "not installed at `import torch`" in line and "is not the dict" in line
 
 
 # --- the lifecycle cannot lose its install or deadlock --------------------------------------
@@ -391,17 +397,17 @@ def test_the_patch_state_has_one_owner_that_does_not_export_its_lock() -> None:
 
 
 def test_a_failed_install_counts_no_user() -> None:
-    nn.Module.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+    copy._deepcopy_dispatch = types.MappingProxyType(dict(ORIGINAL_DISPATCH))  # type: ignore[attr-defined]
     try:
-        with pytest.raises(RuntimeError, match="already defines __deepcopy__"):
+        with pytest.raises(RuntimeError, match="is not the dict"):
             deepcopy_shim.enable()
         assert _patch._users == 0 and not deepcopy_shim.is_enabled()
-        with pytest.raises(RuntimeError, match="already defines __deepcopy__"):
+        with pytest.raises(RuntimeError, match="is not the dict"):
             with deepcopy_shim.enabled("silent"):
                 pass
         assert _patch._users == 0
     finally:
-        del nn.Module.__deepcopy__  # type: ignore[attr-defined]
+        copy._deepcopy_dispatch = ORIGINAL_DISPATCH  # type: ignore[attr-defined]
     deepcopy_shim.enable()  # and nothing is left half-done for the next attempt
     assert (_patch.state() == "installed")
 

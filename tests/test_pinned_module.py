@@ -583,14 +583,14 @@ class RefusesToForward(nn.Module):
         return super().__getattr__(name)
 
 
-def test_a_module_whose_getattr_refuses_deepcopy_has_the_shims_copier_under_the_shim() -> None:
-    """Where a class's __getattr__ answers nothing for __deepcopy__ (raises AttributeError),
-    an instance's __deepcopy__ is the shim's copier, as for every module while the shim is
-    installed (ModuleDeepcopy's docstring): calling it copies the module, detached."""
+def test_a_module_whose_getattr_refuses_deepcopy_is_copied_detached_with_nothing_to_look_up() -> None:
+    """Where a class's __getattr__ answers nothing for __deepcopy__ (raises AttributeError), an
+    instance has no __deepcopy__ under the shim either (nothing is added to nn.Module), and
+    copy.deepcopy copies it, detached."""
     module = RefusesToForward()
     with deepcopy_shim.enabled("silent"):
-        copier = module.__deepcopy__
-        copied = copier({})
+        assert not hasattr(module, "__deepcopy__")
+        copied = copy.deepcopy(module)
     assert type(copied) is RefusesToForward and copied.out.is_leaf
     assert torch.equal(copied.out, module.out.detach())
 
@@ -994,21 +994,17 @@ class ReplacesModulesDeepcopy(nn.Module):
         return nn.ReLU()
 
 
-def test_a_modules_deepcopy_replaced_during_the_copy_copies_the_submodules_after_it() -> None:
-    """Another `nn.Module.__deepcopy__` put in place during the copy copies the submodules
-    met after that, as natively."""
+def test_a_modules_deepcopy_put_in_place_during_the_copy_copies_the_submodules_after_it() -> None:
+    """An `nn.Module.__deepcopy__` put in place during the copy (by another patcher) copies the
+    submodules met after that, as natively."""
     model = nn.Sequential(ReplacesModulesDeepcopy(), nn.Linear(2, 2))
     copies = []
-    try:
-        copies.append(copy.deepcopy(model))
-    finally:
-        del nn.Module.__deepcopy__
-    with deepcopy_shim.enabled("silent"):
-        ours = vars(nn.Module)["__deepcopy__"]
+    for mode in ("off", "silent"):
         try:
-            copies.append(copy.deepcopy(model))
+            with deepcopy_shim.enabled(mode):
+                copies.append(copy.deepcopy(model))
         finally:
-            nn.Module.__deepcopy__ = ours  # type: ignore[attr-defined]
+            del nn.Module.__deepcopy__
     native, shim = copies
     assert native[1] == shim[1] == "theirs"
     assert type(native[0]) is type(shim[0]) is nn.ReLU

@@ -25,9 +25,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn as nn
 import wrapt
-from support.models import ORIGINAL_TENSOR_DEEPCOPY, with_history
+from support.models import ORIGINAL_DISPATCH, ORIGINAL_TENSOR_DEEPCOPY, with_history
 from support.processes import run_forking
 
 import deepcopy_shim
@@ -56,7 +55,8 @@ def test_a_deferred_install_that_fails_says_so_once_however_many_users_waited() 
         import warnings, wrapt
         import deepcopy_shim
         def other_patch(torch):  # runs first: post-import hooks fire in registration order
-            torch.nn.Module.__deepcopy__ = lambda self, memo: self
+            import copy, types  # a read-only table the shim cannot stand in for
+            copy._deepcopy_dispatch = types.MappingProxyType(dict(copy._deepcopy_dispatch))
         wrapt.register_post_import_hook(other_patch, "torch")
         deepcopy_shim.enable()
         for _ in range(3):
@@ -149,7 +149,8 @@ def test_enable_that_cannot_install_as_torch_arrives_raises_and_says_nothing_els
         import warnings, wrapt
         import deepcopy_shim
         def other_patch(torch):
-            torch.nn.Module.__deepcopy__ = lambda self, memo: self
+            import copy, types  # a read-only table the shim cannot stand in for
+            copy._deepcopy_dispatch = types.MappingProxyType(dict(copy._deepcopy_dispatch))
         wrapt.register_post_import_hook(other_patch, "torch")
         register = wrapt.register_post_import_hook
         def torch_arrives_first(hook, name):
@@ -162,7 +163,7 @@ def test_enable_that_cannot_install_as_torch_arrives_raises_and_says_nothing_els
             try:
                 deepcopy_shim.enable()
             except RuntimeError as exc:
-                print("raised", "already defines __deepcopy__" in str(exc))
+                print("raised", "is not the dict" in str(exc))
         caught = [w for w in caught if issubclass(w.category, deepcopy_shim.DeepcopyShimWarning)]
         from deepcopy_shim import _patch
         print(_patch.state(), [str(w.message) for w in caught])
@@ -217,22 +218,31 @@ def test_a_wrapt_patch_over_the_shims_tensor_patch_is_left_in_place() -> None:
         torch.Tensor.__deepcopy__ = ORIGINAL_TENSOR_DEEPCOPY
 
 
-def test_a_wrapt_patch_over_the_shims_module_patch_is_left_in_place() -> None:
-    """Likewise for `nn.Module.__deepcopy__`: a wrapt proxy of the shim's descriptor, put there
-    by someone else, stays; only the tensor patch is restored."""
+def test_another_table_put_over_the_shims_dispatch_table_is_left_in_place() -> None:
+    """Likewise for `copy._deepcopy_dispatch`: a table put there by someone else over the
+    shim's stays; only the tensor patch is restored, and the change the other made through the
+    shim's table reached the original one."""
     deepcopy_shim.enable()
-    theirs = wrapt.ObjectProxy(vars(nn.Module)["__deepcopy__"])
-    nn.Module.__deepcopy__ = theirs  # type: ignore[attr-defined]
+    ours = copy._deepcopy_dispatch  # type: ignore[attr-defined]
+    theirs = dict(ours)
+    copy._deepcopy_dispatch = theirs  # type: ignore[attr-defined]
+    ours[_Registered] = copy._deepcopy_atomic  # type: ignore[attr-defined]
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             deepcopy_shim.disable()
-        assert vars(nn.Module)["__deepcopy__"] is theirs
+        assert copy._deepcopy_dispatch is theirs  # type: ignore[attr-defined]
         assert vars(torch.Tensor)["__deepcopy__"] is ORIGINAL_TENSOR_DEEPCOPY
         assert [type(w.message) for w in caught] == [deepcopy_shim.PatchConflictWarning]
-        assert "torch.nn.Module.__deepcopy__ was replaced by someone else" in str(caught[0].message)
+        assert "copy._deepcopy_dispatch was replaced by someone else" in str(caught[0].message)
+        assert ORIGINAL_DISPATCH[_Registered] is copy._deepcopy_atomic  # type: ignore[attr-defined]
     finally:
-        del nn.Module.__deepcopy__
+        copy._deepcopy_dispatch = ORIGINAL_DISPATCH  # type: ignore[attr-defined]
+        del ORIGINAL_DISPATCH[_Registered]
+
+
+class _Registered:
+    pass
 
 
 # --- what changes while the patch is prepared --------------------------------------------------

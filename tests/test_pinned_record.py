@@ -72,15 +72,18 @@ def test_a_tensor_copied_by_another_copy_modules_deepcopy_is_reported_as_the_roo
     assert str(w).startswith("deepcopy_shim: deep copy of a Tensor detached 1 tensor")
 
 
-def test_a_module_copied_by_another_copy_modules_deepcopy_is_one_copy_reported_once(
+def test_a_module_copied_by_another_copy_modules_deepcopy_is_reported_tensor_by_tensor(
         copy_twin: types.ModuleType) -> None:
-    """The module copier called by another copy module's deepcopy is the root of the copy, and
-    finishes its record: one warning, every path from the module."""
+    """Another copy module's deepcopy does not ask copy's own dispatch table: the shim does not
+    see its copy start, and each tensor with history it meets is a copy of its own (a direct
+    `__deepcopy__` call): one warning each, naming the tensor itself."""
     deepcopy_shim.enable("warn")
     net = cached_activations_net()
-    (w,) = warned(lambda: copy_twin.deepcopy(net))
-    assert w.paths == PATHS
-    assert str(w).startswith("deepcopy_shim: deep copy of a CachedActivationsNet detached 3")
+    messages = warned(lambda: copy_twin.deepcopy(net))
+    assert [m.paths for m in messages] == [("",)] * 3
+    assert [m.tensors for m in messages] == [(net.head.last_out,), (net.cache["mid"],),
+                                             (net.cache["list"][0],)]
+    assert all(str(m).startswith("deepcopy_shim: deep copy of a Tensor detached 1") for m in messages)
 
 
 class CopiedThroughPartial:
@@ -96,8 +99,8 @@ def test_a_deepcopy_called_by_deepcopy_directly_still_ends_and_reports_its_copy(
     deepcopy_shim.enable("warn")
     payload = [with_history()]
     (w,) = warned(lambda: copy.deepcopy(CopiedThroughPartial(payload)))
-    assert w.tensors == (payload[0],)
-    assert _record.OWNED == {}
+    assert w.tensors == (payload[0],) and w.paths == ("payload[0]",)
+    assert _record.current() is None
 
 
 class ScopedInside:
@@ -280,34 +283,34 @@ class WrapsDictsGetitem(dict):  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("memo_class", [HidesItsKeepAliveList, WrapsDictsGetitem])
-def test_a_memo_whose_getitem_is_not_dicts_own_gets_every_warning_at_once(memo_class: Any) -> None:
-    """The end of the copy cannot be seen through such a memo: each tensor is reported as it is
-    copied, none is lost, and no record is left open."""
+def test_a_memo_whose_getitem_is_not_dicts_own_gets_one_warning_like_any_memo(memo_class: Any) -> None:
+    """The copy's end is its first call's end, whatever the memo does with its keep-alive list:
+    one warning, every tensor, and nothing left running."""
     assert memo_class.__getitem__ is not dict.__getitem__
     obj = [with_history(), with_history()]
     with deepcopy_shim.enabled("warn"):
         messages = warned(lambda: copy.deepcopy(obj, memo_class()))
-        assert _record.open_records() == []
-    assert [m.tensors for m in messages] == [(obj[0],), (obj[1],)]
+        assert _record.current() is None
+    assert [m.tensors for m in messages] == [(obj[0], obj[1])]
 
 
-def test_no_count_of_records_a_module_copier_finishes_outlives_their_copies() -> None:
-    """`OWNED` counts the open records whose root module's copier finishes them: every copy, of
-    a module or of anything else, finished or failed, leaves it as it was."""
+def test_nothing_of_a_copy_outlives_it_finished_or_failed() -> None:
+    """Every copy, of a module or of anything else, finished or failed, leaves no copy running
+    in its thread."""
     deepcopy_shim.enable("warn")
     net = cached_activations_net()
     assert len(warned(lambda: copy.deepcopy(net))) == 1
-    assert _record.OWNED == {}
+    assert _record.current() is None
     assert len(warned(lambda: copy.deepcopy({"t": with_history()}))) == 1
-    assert _record.OWNED == {}
+    assert _record.current() is None
     with deepcopy_shim.enabled("warn"):
         assert len(warned(lambda: copy.deepcopy(net))) == 1
         assert len(warned(lambda: copy.deepcopy([net, with_history()]))) == 1
-    assert _record.OWNED == {}
+    assert _record.current() is None
     net.unpicklable = _Raises()  # type: ignore[assignment]
     with pytest.raises(ValueError):
         copy.deepcopy(net)
-    assert _record.OWNED == {}
+    assert _record.current() is None
 
 
 class _Raises:

@@ -28,7 +28,7 @@ from support.loose import EqualsEveryClass, SuppliesTagged
 from support.models import TORCH_VERSION, with_history
 
 import deepcopy_shim
-from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError
+from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError, _survey
 
 pytestmark = pytest.mark.filterwarnings("default::deepcopy_shim.DeepcopyShimWarning")
 
@@ -187,18 +187,30 @@ def test_a_survey_that_stops_before_the_refused_tensor_says_what_stopped_it() ->
 
 
 class NoSubclasses(dict):  # type: ignore[type-arg]
-    """A memo class that refuses to be subclassed (the survey makes its memo of a subclass)."""
+    """A memo class that refuses to be subclassed: the survey's memo is of the copy's memo
+    class itself, so it is surveyed as any other."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         raise TypeError("this memo class cannot be subclassed")
 
 
-def test_a_survey_that_cannot_start_still_names_the_refused_tensor_and_says_why() -> None:
+def test_a_memo_class_that_cannot_be_subclassed_is_surveyed_as_any_other() -> None:
     obj = [with_history(), with_history()]
     err = refused(obj, NoSubclasses())
+    assert err.paths == ("[0]", "[1]") and err.tensors == (obj[0], obj[1]) and complete(err)
+
+
+def test_a_survey_that_cannot_start_still_names_the_refused_tensor_and_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_memo(*args: Any) -> Any:
+        raise TypeError("no memo for a survey here")
+
+    monkeypatch.setattr(_survey, "dry_memo", no_memo)
+    obj = [with_history(), with_history()]
+    err = refused(obj)
     assert err.paths == ("[0]",) and err.tensors == (obj[0],)
-    assert ("could not be followed without copying it (TypeError: this memo class cannot be "
-            "subclassed)") in words(err)
+    assert ("could not be followed without copying it (TypeError: no memo for a survey "
+            "here)") in words(err)
 
 
 class Interrupted(BaseException):
@@ -481,8 +493,8 @@ def test_find_nonleaf_tensors_copies_no_parameter(monkeypatch: pytest.MonkeyPatc
     assert clones == []
 
 
-# torch 2.0 keeps a module's parameters in an OrderedDict, which the module copier leaves to deepcopy.
-PARAMETERS_IN_AN_ORDERED_DICT = type(nn.Linear(1, 1)._parameters) is not dict
+# Parameters copied with a fresh memo inside the survey (by a module's or any object's own
+# __deepcopy__) get stand-ins too: copy's dispatch table answers them in every memo.
 
 
 class CopiesItsParametersAfresh:
@@ -497,9 +509,6 @@ class CopiesItsParametersAfresh:
         return new
 
 
-@pytest.mark.xfail(PARAMETERS_IN_AN_ORDERED_DICT, strict=True, reason=(
-    "bug: the survey answers a fresh memo's tensors through Tensor.__deepcopy__ only, and "
-    "nn.Parameter has a __deepcopy__ of its own, which clones the data"))
 def test_a_model_copied_with_a_fresh_memo_inside_the_survey_has_no_parameter_data_copied(
         monkeypatch: pytest.MonkeyPatch) -> None:
     err = refused([with_history(), CopiesItsModelAfresh()])
@@ -508,9 +517,6 @@ def test_a_model_copied_with_a_fresh_memo_inside_the_survey_has_no_parameter_dat
     assert clones == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the survey answers a fresh memo's tensors through Tensor.__deepcopy__ only, and "
-    "nn.Parameter has a __deepcopy__ of its own, which clones the data"))
 def test_parameters_copied_with_a_fresh_memo_inside_the_survey_have_no_data_copied(
         monkeypatch: pytest.MonkeyPatch) -> None:
     err = refused([with_history(), CopiesItsParametersAfresh()])

@@ -23,6 +23,7 @@ needs_parametrizations_weight_norm = pytest.mark.skipif(
 )
 
 ORIGINAL_TENSOR_DEEPCOPY = vars(torch.Tensor)["__deepcopy__"]
+ORIGINAL_DISPATCH = copy._deepcopy_dispatch  # type: ignore[attr-defined]
 
 
 def module_attrs() -> Dict[str, Any]:

@@ -1,0 +1,370 @@
+"""A copy's record lives exactly as long as its copy; a report holds no graph and copies no more
+memory than the detach it reports.
+
+Native means torch without the shim; for tensors with history the *detaching oracle* is native
+deepcopy after each such tensor ``t`` is replaced by ``t.detach().clone().requires_grad_(...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import gc
+import threading
+import warnings
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+import torch
+import torch.nn as nn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.models import CachedActivationsNet, cached_activations_net, with_history
+
+import deepcopy_shim
+from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError
+
+
+def warned(call: Callable[[], Any]) -> List[DetachedTensorsWarning]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [w.message for w in caught if isinstance(w.message, DetachedTensorsWarning)]
+
+
+def found(obj: Any) -> List[str]:
+    return [path for path, _ in deepcopy_shim.find_nonleaf_tensors(obj)]
+
+
+def refusal(obj: Any, memo: Optional[Dict[Any, Any]] = None) -> NonLeafTensorError:
+    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as info:
+        copy.deepcopy(obj, memo)
+    return info.value
+
+
+def incomplete(error: BaseException) -> bool:
+    return "may be incomplete" in " ".join(str(error).split())
+
+
+# --- 1. a retry after a failed copy ---------------------------------------------------------
+
+
+class FailsFirst:
+    """Its copy fails the first time (a flaky resource), and works after."""
+
+    def __init__(self) -> None:
+        self.failures = 1
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> FailsFirst:
+        if self.failures:
+            self.failures -= 1
+            raise ValueError("not now")
+        return FailsFirst()
+
+
+def _copy_here(obj: Any, memo: Optional[Dict[Any, Any]]) -> Any:
+    return copy.deepcopy(obj, memo)  # one call site for every attempt: the same frames each time
+
+
+@pytest.mark.parametrize("door", ["enable", "scope"])
+def test_a_retry_after_a_failed_copy_with_a_kept_memo_warns_like_a_fresh_copy(door: str) -> None:
+    obj = [with_history(), FailsFirst()]
+    kept: Dict[Any, Any] = {}
+
+    def fails() -> None:
+        with pytest.raises(ValueError):
+            _copy_here(obj, kept)
+
+    def attempts() -> List[List[DetachedTensorsWarning]]:
+        return [warned(fails), warned(lambda: _copy_here(obj, None))]
+
+    if door == "enable":
+        deepcopy_shim.enable("warn")
+        first, second = attempts()
+    else:
+        with deepcopy_shim.enabled("warn"):
+            first, second = attempts()
+    assert first == []  # nothing is said of a copy that failed
+    assert [w.paths for w in second] == [("[0]",)]
+
+
+def _shim_objects(memo: Dict[Any, Any]) -> List[Any]:
+    """Objects of deepcopy_shim's own classes among a memo's values and its keep-alive list."""
+    values = list(dict.values(memo))
+    values += [v for v in values if type(v) is list for v in v]
+    return [v for v in values if type(v).__module__.startswith("deepcopy_shim")]
+
+
+@pytest.mark.parametrize("mode", ["warn", "silent", "strict"])
+def test_nothing_of_the_shim_stays_in_a_memo_the_caller_owns(mode: str) -> None:
+    failing = [with_history(), FailsFirst()]
+    memo: Dict[Any, Any] = {}
+    with deepcopy_shim.enabled(mode), pytest.raises((ValueError, NonLeafTensorError)):
+        copy.deepcopy(failing, memo)
+    assert type(memo.get(id(memo), [])) is list and not _shim_objects(memo)
+    kept: Dict[Any, Any] = {}
+    with deepcopy_shim.enabled("warn" if mode == "strict" else mode), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        copy.deepcopy({"a": [with_history(), nn.Linear(2, 2)]}, kept)
+    assert type(kept[id(kept)]) is list and not _shim_objects(kept)
+
+
+# --- 2. a scope's mode ends with the scope ------------------------------------------------------
+
+
+def _native_refusal(obj: Any) -> bool:
+    try:
+        copy.deepcopy(obj)
+    except RuntimeError as exc:
+        return type(exc) is RuntimeError and "graph leaves" in str(exc)
+    return False
+
+
+def test_a_task_made_in_a_scope_that_copies_after_the_scope_ended_copies_natively() -> None:
+    model = cached_activations_net()
+
+    async def later() -> Tuple[Any, bool, bool]:
+        return deepcopy_shim.current_mode(), deepcopy_shim.is_enabled(), _native_refusal(model)
+
+    async def main() -> Tuple[Any, bool, bool]:
+        with deepcopy_shim.enabled("silent"):
+            task = asyncio.get_running_loop().create_task(later())  # it runs after the scope
+        return await task
+
+    assert asyncio.run(main()) == (None, False, True)
+
+
+def test_a_dead_scope_never_overrides_the_global_mode_in_a_task_it_made() -> None:
+    model = cached_activations_net()
+    deepcopy_shim.enable("strict")
+
+    async def later() -> Tuple[str, Any]:
+        try:
+            copy.deepcopy(model)
+        except NonLeafTensorError:
+            outcome = "refused by strict"
+        else:
+            outcome = "copied"
+        return outcome, deepcopy_shim.current_mode().mode  # type: ignore[union-attr]
+
+    @deepcopy_shim.enabled("silent")
+    async def decorated() -> asyncio.Task[Tuple[str, Any]]:
+        return asyncio.get_running_loop().create_task(later())
+
+    async def main() -> Tuple[str, Any]:
+        task = await decorated()  # the decorator's scope ended as the call returned
+        return await task
+
+    assert asyncio.run(main()) == ("refused by strict", deepcopy_shim.Mode.STRICT)
+
+
+def test_a_context_copied_in_a_scope_and_run_after_it_in_a_thread_is_outside_it() -> None:
+    with deepcopy_shim.enabled("silent"):
+        context = contextvars.copy_context()
+        assert context.run(deepcopy_shim.is_enabled)
+    seen: List[Any] = []
+    thread = threading.Thread(target=lambda: seen.append(context.run(
+        lambda: (deepcopy_shim.current_mode(), _native_refusal(cached_activations_net())))))
+    thread.start()
+    thread.join()
+    assert seen == [(None, True)]
+
+
+# --- 3. a report holds no graph ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["warn", "strict"])
+def test_recorded_reports_keep_no_source_tensor_alive(mode: str) -> None:
+    sources: List[weakref.ref[torch.Tensor]] = []
+    reports: List[Any] = []
+    with warnings.catch_warnings(record=True) as caught, deepcopy_shim.enabled(mode):
+        warnings.simplefilter("always")
+        for _ in range(20):
+            net = cached_activations_net()
+            sources += [weakref.ref(net.head.last_out), weakref.ref(net.cache["mid"])]
+            try:
+                copy.deepcopy(net)
+            except NonLeafTensorError as exc:
+                assert exc.paths == CachedActivationsNet.PATHS  # read: the answer is final
+                # Kept as a log keeps a report: without the tracebacks, whose frames hold the
+                # copy's objects for any error, native's too.
+                exc.__traceback__ = exc.__cause__.__traceback__ = None  # type: ignore[union-attr]
+                reports.append(exc)
+            del net
+        reports += [w.message for w in caught if isinstance(w.message, DetachedTensorsWarning)]
+    gc.collect()
+    assert len(reports) == 20
+    assert [ref() for ref in sources] == [None] * 40  # what silent keeps: nothing
+    for report in reports:
+        assert report.paths == CachedActivationsNet.PATHS and report.tensors == (None, None, None)
+        assert "grad_fn=AddmmBackward0" in str(report)  # what it says stays
+
+
+def test_a_reports_tensors_are_the_source_tensors_while_they_live() -> None:
+    net = cached_activations_net()
+    (w,) = warned(lambda: deepcopy_shim.deepcopy(net, "warn"))
+    assert w.tensors == (net.head.last_out, net.cache["mid"], net.cache["list"][0])
+    assert refusal(net).tensors == w.tensors
+
+
+# --- 4. strict, warn and find name the same tensors, each once ----------------------------------
+
+
+class Doubles:
+    """Its state holds its weight and a tensor with history made afresh from it at every
+    reduction: the copy meets a tensor the survey never meets, and the survey its own."""
+
+    def __init__(self) -> None:
+        self.w = torch.ones(2, requires_grad=True)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"w": self.w, "scaled": self.w * 2}
+
+
+@pytest.mark.parametrize("memo", [None, "kept"])
+def test_a_tensor_a_reduction_makes_is_named_once_by_every_mode(memo: Optional[str]) -> None:
+    root = {"d": Doubles(), "t": with_history()}
+    expected = ["['d'] <rebuilt from what Doubles.__getstate__ returns>", "['t']"]
+    assert [p for w in warned(lambda: deepcopy_shim.deepcopy(root, "warn")) for p in w.paths] == expected
+    assert found(root) == expected
+    error = refusal(root, {} if memo else None)
+    assert list(error.paths) == expected and not incomplete(error)
+    assert str(error).startswith("deepcopy_shim: refused to copy a dict holding 2 tensors")
+
+
+# --- 5. no more memory than the detach it reports -----------------------------------------------
+
+
+def _hidden() -> torch.Tensor:
+    return torch.randn(8, 64, 96, requires_grad=True) * 1  # 192 KiB with history
+
+
+@pytest.mark.parametrize("slicer", [lambda h: h[:, 0], lambda h: h[2:4], lambda h: h[3, 5:9].t()],
+                         ids=["first token of each sequence", "two sequences", "a transposed slice"])
+def test_a_slice_alone_takes_no_more_storage_than_its_detached_clone(slicer: Callable[..., Any]) -> None:
+    hidden = _hidden()
+    cache = {"cls": slicer(hidden)}
+    with deepcopy_shim.enabled("silent"):
+        made = copy.deepcopy(cache)["cls"]
+    oracle = copy.deepcopy(cache["cls"].detach().clone())
+    assert made.untyped_storage().nbytes() <= oracle.untyped_storage().nbytes()
+    assert torch.equal(made, cache["cls"].detach()) and made.is_leaf and made.requires_grad
+    assert made.untyped_storage().nbytes() < hidden.untyped_storage().nbytes()
+    if cache["cls"].is_contiguous() or cache["cls"].t().is_contiguous():  # dense: strides kept
+        assert made.stride() == cache["cls"].stride()
+
+
+@pytest.mark.parametrize("order", ["base first", "view first", "views only"])
+def test_tensors_of_one_storage_copied_together_still_share_one(order: str) -> None:
+    hidden = _hidden()
+    first, second = hidden[1:3], hidden[2:5, 4:]
+    together = {"base": hidden, "view": first} if order == "base first" else (
+        {"view": first, "base": hidden} if order == "view first" else {"a": first, "b": second})
+    with deepcopy_shim.enabled("silent"):
+        made = copy.deepcopy(together)
+    storages = {t.untyped_storage().data_ptr() for t in made.values()}
+    assert len(storages) == 1
+    for key, tensor in made.items():
+        assert torch.equal(tensor, together[key].detach()) and tensor.stride() == together[key].stride()
+    if order == "views only":  # the part both span, no more
+        assert next(iter(made.values())).untyped_storage().nbytes() < hidden.untyped_storage().nbytes()
+    (a, made_a), (b, made_b) = made.items()  # and sit where the source tensors sit
+    assert made_a.data_ptr() - made_b.data_ptr() == together[a].data_ptr() - together[b].data_ptr()
+
+
+def _peak_rss_since_reset() -> Optional[int]:
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+    except (OSError, StopIteration):
+        return None
+
+
+@pytest.mark.skipif(_peak_rss_since_reset() is None, reason="needs Linux's resettable peak RSS")
+def test_copying_a_first_token_slice_allocates_no_copy_of_its_activation() -> None:
+    hidden = torch.randn(32, 512, 768, requires_grad=True) * 1  # 48 MiB with history
+    cache = {"cls": hidden[:, 0]}  # 96 KiB
+    gc.collect()
+    before = _peak_rss_since_reset()
+    with deepcopy_shim.enabled("silent"):
+        made = copy.deepcopy(cache)
+    with open("/proc/self/status") as status:
+        after = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
+    assert before is not None and after - before < 8 * 1024  # KiB: not the 48 MiB activation
+    assert torch.equal(made["cls"], cache["cls"].detach())
+
+
+# --- 6. retries, kept memos, modes and roots, as a property -------------------------------------
+
+
+ROOTS: Dict[str, Callable[[Any, Any], Any]] = {
+    "tuple": lambda a, b: (a, b),
+    "list": lambda a, b: [a, b],
+    "dict": lambda a, b: {"a": a, "b": b},
+    "module": lambda a, b: _Holder(a, b),
+    "object": lambda a, b: _Plain(a, b),
+}
+
+
+class _Holder(nn.Module):
+    def __init__(self, a: Any, b: Any) -> None:
+        super().__init__()
+        self.a, self.b = a, b
+
+
+class _Plain:
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(sorted(ROOTS)), failures=st.integers(0, 2),
+       keep=st.booleans(), mode=st.sampled_from(["warn", "silent", "strict"]))
+def test_every_retry_reports_what_a_fresh_copy_reports(kind: str, failures: int, keep: bool,
+                                                      mode: str) -> None:
+    """A copy that fails `failures` times (its memo kept by the caller, or not), then is made
+    again from the same call site with a fresh memo: the attempt that completes reports what a
+    first, fresh copy reports, in every mode."""
+    flaky = FailsFirst()
+    flaky.failures = 0
+    root = ROOTS[kind]([flaky, with_history()], with_history())  # a failure before any refusal
+    expected = found(root)
+    assert len(expected) == 2
+    flaky.failures = failures
+    kept: List[Dict[Any, Any]] = []
+    for _attempt in range(failures + 1):
+        memo: Optional[Dict[Any, Any]] = {} if keep and flaky.failures else None
+        if memo is not None:
+            kept.append(memo)  # the caller keeps the failed copy's memo
+        messages: List[Any] = []
+        with deepcopy_shim.enabled(mode), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                _copy_here(root, memo)
+            except ValueError:
+                outcome = "failed"
+            except NonLeafTensorError as exc:
+                outcome = "refused"
+                messages.append(exc)
+            else:
+                outcome = "copied"
+        messages += [w.message for w in caught if isinstance(w.message, DetachedTensorsWarning)]
+        if outcome == "failed":
+            assert messages == []  # nothing is said of a copy that failed
+            continue
+        if mode == "warn":
+            assert outcome == "copied" and [list(m.paths) for m in messages] == [expected]
+        elif mode == "silent":
+            assert outcome == "copied" and messages == []
+        else:
+            assert outcome == "refused" and list(messages[0].paths) == expected
+            assert not incomplete(messages[0])
+        break
+    else:
+        pytest.fail("no attempt completed")
+    for memo in kept:
+        assert not _shim_objects(memo)

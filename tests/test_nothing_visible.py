@@ -1,0 +1,306 @@
+"""Nothing on nn.Module that anyone but copy.deepcopy can see.
+
+While the patch is installed (a scope in another thread, `enable()` plus a local
+`enabled("off")`, a pytest marker saying off), every way of looking at a module, its class and
+its metaclass answers as natively where no mode applies: `dir()` and `getattr` of every name it
+lists, `hasattr`, `inspect.getattr_static`, `super()`, attributes a metaclass defines; and
+torch.compile compiles.  In a mode, a deepcopy with its own dispatch table (torch's
+StateDictStager) gets native's result, and copies made after torch.compile carry dynamo's
+generation tag as native's do.
+
+The torch.compile checks run in child interpreters: a compile changes the process for good
+(dynamo wraps `nn.Module.__init__` and `__setstate__`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import textwrap
+import threading
+from typing import Any, Callable, Dict, Iterator, List
+
+import pytest
+import torch
+import torch.nn as nn
+from support.models import ORIGINAL_MODULE_ATTRS, module_attrs, with_history
+from support.processes import DEV_PYTHON, clean_env, describe, run, run_code, same_code_env
+
+import deepcopy_shim
+from deepcopy_shim import NonLeafTensorError
+
+
+@pytest.fixture
+def another_thread_in_a_scope() -> Iterator[None]:
+    """The patch installed by another thread's scope: no mode applies in this thread."""
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with deepcopy_shim.enabled("warn"):
+            entered.set()
+            leave.wait(60)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert entered.wait(20)
+    assert not deepcopy_shim.is_enabled() and _installed()
+    try:
+        yield
+    finally:
+        leave.set()
+        thread.join(20)
+
+
+def _installed() -> bool:
+    from deepcopy_shim import _patch
+
+    return _patch.state() == "installed"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+
+class Meta(type):
+    def __deepcopy__(cls, memo: Dict[int, Any]) -> Any:
+        return cls
+
+
+class WithMeta(nn.Module, metaclass=Meta):
+    pass
+
+
+def _view(obj: Any) -> Dict[str, Any]:
+    """What introspection says of `obj`: dir(), and getattr of every name it lists (the value,
+    or the type of the error), hasattr and getattr_static of __deepcopy__."""
+    seen: Dict[str, Any] = {}
+    for name in dir(obj):
+        try:
+            value = getattr(obj, name)
+        except Exception as exc:
+            seen[name] = type(exc)
+        else:
+            seen[name] = getattr(value, "__func__", value)
+    seen["hasattr"] = hasattr(obj, "__deepcopy__")
+    seen["static"] = inspect.getattr_static(obj, "__deepcopy__", None)
+    return seen
+
+
+# The instances looked at, the same ones natively and patched (their __dict__ is compared).
+NET, WITH_META = Net(), WithMeta()
+
+
+def _natively() -> List[Dict[str, Any]]:
+    _every_view()  # attributes Python makes on first access are made
+    return _plain_values(_every_view())
+
+
+def _every_view() -> List[Dict[str, Any]]:
+    """The views of a module, its class, nn.Module, a class with a metaclass and its instance,
+    and super()'s answer.  (Python makes some attributes on first access, a class's empty
+    `__annotations__` among them: the first call makes them, before anything is compared.)"""
+    return [_view(NET), _view(Net), _view(nn.Module), _view(WithMeta), _view(WITH_META),
+            {"super": getattr(super(Net, NET), "__deepcopy__", None)}]
+
+
+def _plain_values(views: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    # Bound methods of fresh instances differ by identity; their functions are compared.
+    return [{k: (v if not callable(v) or isinstance(v, type) else getattr(v, "__qualname__", v))
+             for k, v in view.items()} for view in views]
+
+
+@pytest.mark.parametrize("how", ["another thread's scope", "enable() and enabled('off')"])
+def test_introspection_answers_as_natively_where_no_mode_applies(
+        how: str, request: pytest.FixtureRequest) -> None:
+    native = _natively()
+    if how == "another thread's scope":
+        request.getfixturevalue("another_thread_in_a_scope")
+        patched = _plain_values(_every_view())
+    else:
+        deepcopy_shim.enable("warn")
+        with deepcopy_shim.enabled("off"):
+            patched = _plain_values(_every_view())
+    assert patched == native
+
+
+def test_nothing_is_added_to_nn_module_while_the_patch_is_installed() -> None:
+    native = _natively()
+    with deepcopy_shim.enabled("warn"):
+        assert module_attrs() == ORIGINAL_MODULE_ATTRS
+        assert "__deepcopy__" not in dir(nn.Module) and not hasattr(Net(), "__deepcopy__")
+        # In a mode too: introspection is native; only copy.deepcopy copies differently.
+        assert _plain_values(_every_view()) == native
+
+
+def test_a_metaclass_attribute_stays_visible_on_its_classes(another_thread_in_a_scope: None) -> None:
+    assert hasattr(WithMeta, "__deepcopy__")
+    assert WithMeta.__deepcopy__({}) is WithMeta
+    assert copy.deepcopy(WithMeta) is WithMeta
+
+
+@pytest.mark.parametrize("mode", ["warn", "strict", "silent"])
+@pytest.mark.parametrize("cached", [False, True], ids=["leaves", "cached output with history"])
+def test_state_dict_stager_gets_natives_result_in_every_mode(mode: str, cached: bool) -> None:
+    stager_module = pytest.importorskip("torch.distributed.checkpoint._state_dict_stager")
+
+    def stage() -> Any:
+        torch.manual_seed(0)
+        model = nn.Linear(2, 2)
+        if cached:
+            model.out = model(torch.ones(1, 2))  # a tensor with history: native staging copies it
+        staged = stager_module.StateDictStager().stage({"m": model})
+        return staged["m"]
+
+    def summary(staged: Any) -> List[Any]:
+        out = getattr(staged, "out", None)
+        return [(name, type(t), t.requires_grad, t.is_leaf, t.tolist())
+                for name, t in sorted(vars(staged).get("_parameters", {}).items())] + [
+            (type(out), getattr(out, "requires_grad", None))]
+
+    native = summary(stage())
+    with deepcopy_shim.enabled(mode):
+        shim = summary(stage())  # no warning (pytest makes ours errors), no refusal
+    assert shim == native
+
+
+_COMPILE_PRELUDE = """
+import threading, torch, torch.nn as nn, deepcopy_shim
+def compile_once():
+    return torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2)).tolist()
+"""
+
+
+def _child(code: str) -> str:
+    done = run_code(DEV_PYTHON, _COMPILE_PRELUDE + textwrap.dedent(code), same_code_env(), timeout=300)
+    assert done.returncode == 0, describe(done)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_torch_compile_compiles_while_another_thread_holds_a_scope() -> None:
+    out = _child("""
+        entered, leave = threading.Event(), threading.Event()
+        def hold():
+            with deepcopy_shim.enabled("warn"):
+                entered.set(); leave.wait(120)
+        threading.Thread(target=hold, daemon=True).start()
+        entered.wait(60)
+        first = compile_once()
+        again = torch.compile(lambda x: x * 2, backend="eager")(torch.ones(3))  # another compile
+        again = torch.compile(lambda x: x * 2, backend="eager")(torch.ones(4, 4))  # a recompile
+        leave.set()
+        print(first, again.shape)
+    """)
+    assert out == "[2.0, 2.0] torch.Size([4, 4])"
+
+
+def test_torch_compile_compiles_under_enable_and_a_local_off_scope() -> None:
+    out = _child("""
+        deepcopy_shim.enable("warn")
+        with deepcopy_shim.enabled("off"):
+            print(compile_once())
+    """)
+    assert out == "[2.0, 2.0]"
+
+
+def test_torch_compile_compiles_in_a_test_marked_off_under_the_pytest_option(tmp_path: Any) -> None:
+    test_file = tmp_path / "test_compile_off.py"
+    test_file.write_text(textwrap.dedent("""
+        import pytest, torch
+
+        @pytest.mark.deepcopy_shim("off")
+        def test_compiles():
+            assert torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2)).tolist() == [2.0, 2.0]
+
+        @pytest.mark.deepcopy_shim("warn")
+        def test_compiles_in_a_mode():
+            assert torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2)).tolist() == [2.0, 2.0]
+    """))
+    done = run([DEV_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--deepcopy-shim=warn",
+                str(test_file)], clean_env(), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0 and "2 passed" in done.stdout, describe(done)
+
+
+def test_copies_made_after_torch_compile_carry_dynamos_generation_tag_in_every_mode() -> None:
+    out = _child("""
+        import copy
+        from torch._dynamo.mutation_guard import GenerationTracker
+        compile_once()
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        model.cached = model(torch.ones(1, 2))
+        tags = [GenerationTracker.check(m) for m in copy.deepcopy(nn.Sequential(nn.Linear(2, 2))).modules()]
+        for mode in ("silent", "warn", "strict"):
+            source = model if mode != "strict" else nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with deepcopy_shim.enabled(mode):
+                    made = copy.deepcopy(source)
+            tags += [GenerationTracker.check(m) for m in made.modules()]
+        print(all(tags), len(tags))
+    """)
+    assert out == "True 11"
+
+
+def test_parametrize_sees_no_deepcopy_on_the_class_in_a_mode() -> None:
+    """torch.nn.utils.parametrize gives its dynamic class a __deepcopy__ of its own only where the
+    class has none: in a mode as natively, and the parametrized module copies after the patch
+    is gone."""
+    with deepcopy_shim.enabled("warn"):
+        layer = torch.nn.utils.parametrize.register_parametrization(
+            nn.Linear(2, 2), "weight", _Double())
+        assert "__deepcopy__" in vars(type(layer))
+    copied = copy.deepcopy(layer)
+    assert torch.equal(copied.weight, layer.weight)
+
+
+class _Double(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def test_strict_never_refuses_what_a_copier_with_its_own_dispatch_completes() -> None:
+    """A deepcopy written like copy.deepcopy with its own tables (StateDictStager's shape),
+    which copies tensors itself: strict has nothing to refuse, since it never calls
+    Tensor.__deepcopy__ on the tensor with history."""
+    model = nn.Linear(2, 2)
+    model.out = model(torch.ones(1, 2))
+
+    def own_deepcopy(x: Any, memo: Dict[int, Any]) -> Any:
+        if id(x) in memo:
+            return memo[id(x)]
+        if isinstance(x, (bool, int, float, str, type(None), frozenset)):
+            return x
+        if isinstance(x, set):
+            return set(x)
+        if isinstance(x, torch.Tensor):
+            y = x.detach().clone()
+        elif isinstance(x, dict):
+            y = {k: own_deepcopy(v, memo) for k, v in x.items()}
+        else:
+            copier: Callable[..., Any] = getattr(x, "__deepcopy__", None)  # type: ignore[assignment]
+            if copier is not None:
+                y = copier(memo)
+            else:
+                rv = x.__reduce_ex__(4)
+                y = rv[0](*rv[1])
+                memo[id(x)] = y
+                y.__setstate__(own_deepcopy(rv[2], memo))
+        memo[id(x)] = y
+        return y
+
+    with deepcopy_shim.enabled("strict"):
+        made = own_deepcopy(model, {})
+    assert made.out.is_leaf and torch.equal(made.out, model.out.detach())
+    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError):
+        copy.deepcopy(model)  # copy.deepcopy itself still refuses in strict
+
+
+def test_a_module_root_in_a_mode_copies_as_natively(another_thread_in_a_scope: None) -> None:
+    model = Net()
+    model.cached = with_history()
+    with deepcopy_shim.enabled("silent"):
+        made = copy.deepcopy(model)
+    assert made.cached.is_leaf and made.fc.weight is not model.fc.weight
+
