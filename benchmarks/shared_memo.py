@@ -1,12 +1,15 @@
-"""Is every mode linear?  Twice the copies, tensors or memo entries should cost about twice.
+"""Is every mode linear?  Twice the copies, tensors, memo entries or depth should cost about twice.
 
-Three sizes are doubled, one at a time, and each mode's time at 2n over its time at n printed
+Four sizes are doubled, one at a time, and each mode's time at 2n over its time at n printed
 (about 2 is linear, about 4 quadratic):
 
 - copies: n small objects, each holding one tensor with autograd history, copied one by one
   through one memo (as a library that copies many objects with a memo of its own does);
 - tensors: one copy of a list of n such objects;
-- memo entries: one copy of 100 such objects through a memo that n earlier copies filled.
+- memo entries: one copy of 100 such objects through a memo that n earlier copies filled;
+- depth: one copy of n modules nested in one another, each caching a tensor with history (what
+  warn names is as deep as the model: its paths are n steps long at the bottom, so warn's time
+  at 2n is about twice plus what the longer paths' text takes).
 
 "oracle" is native deepcopy of the same objects holding detached leaves instead (the detaching
 oracle, what the detaching modes should cost about as much as).  strict refuses the first
@@ -23,11 +26,14 @@ import argparse
 import copy
 import gc
 import statistics
+import sys
+import threading
 import time
 import warnings
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
+import torch.nn as nn
 
 import deepcopy_shim
 
@@ -71,6 +77,23 @@ def _memo_entries(n: int, history: bool) -> Callable[[], None]:
     return run
 
 
+class Nest(nn.Module):
+    """A module holding the next one and a cached tensor."""
+
+    def __init__(self, inner: Optional[nn.Module], tensor: torch.Tensor) -> None:
+        super().__init__()
+        self.inner = inner
+        self.cached = tensor
+
+
+def _depth(n: int, history: bool) -> Callable[[], None]:
+    leaf = torch.ones(2, requires_grad=True)
+    model: Optional[nn.Module] = None
+    for _ in range(n):
+        model = Nest(model, leaf * 2 if history else torch.ones(2))
+    return lambda: copy.deepcopy(model) and None
+
+
 def _timed(run: Callable[[], None]) -> float:
     gc.collect()
     _timed.start = time.perf_counter()  # type: ignore[attr-defined]
@@ -94,7 +117,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="median of this many rounds")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cases = {"copies": _copies, "tensors": _tensors, "memo entries": _memo_entries}
+    cases = {"copies": _copies, "tensors": _tensors, "memo entries": _memo_entries, "depth": _depth}
     print(f"{'size doubled':<13} {'mode':<7} {'n':>7} {'time':>10} {'2n':>10} {'2n / n':>7}")
     for name, case in cases.items():
         for mode in MODES:
@@ -105,4 +128,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # The depth case copies 2n nested modules: a deep recursion, given room in a thread of its own.
+    sys.setrecursionlimit(1_000_000)
+    threading.stack_size(1 << 30)
+    worker = threading.Thread(target=main)
+    worker.start()
+    worker.join()
