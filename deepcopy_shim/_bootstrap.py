@@ -25,10 +25,12 @@ ENV_VAR = "DEEPCOPY_SHIM"
 
 
 def environment_setting(value: str) -> Optional[ModeSetting]:
-    """The setting `DEEPCOPY_SHIM=value` makes (None: off).
+    """The setting `DEEPCOPY_SHIM=value` makes (None: off; a blank value is unset, so off).
 
     Raises `ValueError` whose message names the variable, the bad value and the valid ones.
     """
+    if not value.strip():  # as the .pth line reads it: `DEEPCOPY_SHIM=` is the variable unset
+        return None
     mode = parse_mode(value, f"{ENV_VAR} value")
     if mode is None:
         return None

@@ -94,6 +94,10 @@ def test_bad_value_is_a_usage_error(tmp_path: Path) -> None:
             "silent") in proc.stderr
     proc = pytest_run(tmp_path, ini="deepcopy_shim = maybe\n")
     assert proc.returncode == 4 and "invalid ini value deepcopy_shim = 'maybe'" in proc.stderr
+    # `--deepcopy-shim=$MODE` with MODE unset: something was left out, not a request for off
+    proc = pytest_run(tmp_path, "--deepcopy-shim=", env_value="strict")
+    assert proc.returncode == 4, describe(proc)
+    assert "deepcopy_shim: invalid --deepcopy-shim value ''; valid values are warn" in proc.stderr
 
 
 MARKER_TESTS = CHILD_NET_SRC + textwrap.dedent(
