@@ -10,7 +10,7 @@ import runpy
 import sys
 from typing import Any, List, NamedTuple, Optional, Sequence
 
-from ._bootstrap import ENV_VAR, environment_setting
+from ._bootstrap import ENV_VAR, environment_setting, reported_at_startup
 from ._modes import Mode, ModeSetting, ModeValueError, Source, on_and_off_words, parse_mode, valid_values
 
 __all__ = ["HELP", "main", "run"]
@@ -42,7 +42,7 @@ options (only before the script or -m; everything after belongs to the program):
   -m MODULE       run a module as `python -m MODULE` would (the rest are its arguments)
   --              end of runner options (for a script whose name starts with '-')
   --check         print versions, installation and a live self-test, for bug reports;
-                  exit status 1 if something is wrong
+                  exit status 1 if something is wrong (takes no --mode and no arguments)
   --version       print the version and exit
   -h, --help      show this help and exit
 
@@ -84,12 +84,16 @@ def _parse(argv: Sequence[str]) -> _Command:
     while i < len(argv):
         arg = argv[i]
         if arg in _ACTIONS:
+            if _ACTIONS[arg] == "check":  # help and version, as everywhere, ignore the rest
+                _check_alone(mode, argv[i + 1:])
             return _Command(_ACTIONS[arg], mode, False, "", [])
         if arg == "--mode" or arg.startswith("--mode="):
             if arg == "--mode":
                 if i + 1 >= len(argv):
                     raise _UsageError(_NEEDS_A_VALUE)
                 mode = argv[i + 1]
+                if _value_left_out(mode):
+                    raise _UsageError(f"{_NEEDS_A_VALUE}; {mode!r} is not one")
                 i += 2
             else:
                 mode = arg.split("=", 1)[1]
@@ -112,6 +116,25 @@ def _parse(argv: Sequence[str]) -> _Command:
     raise _UsageError("no program given: pass script.py or -m package.module")
 
 
+def _value_left_out(word: str) -> bool:
+    """True if `word`, read as the value of `--mode MODE`, is what follows a value left out:
+    not a mode, and an option or the program (a `.py` name, or a path that exists)."""
+    try:
+        parse_mode(word, "--mode value")
+    except ModeValueError:
+        return word.startswith("-") or word.endswith(".py") or os.path.exists(word)
+    return False
+
+
+def _check_alone(mode: Optional[str], rest: Sequence[str]) -> None:
+    """Refuse what `--check` would otherwise ignore; raises _UsageError."""
+    if mode is not None:
+        raise _UsageError("--check takes no --mode: it self-tests every mode, and reports "
+                          f"{ENV_VAR} as it is")
+    if rest:
+        raise _UsageError(f"--check takes no arguments, got {' '.join(rest)!r}")
+
+
 def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
     """The setting to run with: --mode, else a mode named by DEEPCOPY_SHIM, else warn.
 
@@ -130,6 +153,9 @@ def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
     try:
         from_environment = environment_setting(value)
     except ModeValueError:
+        if reported_at_startup(value):  # the line above this one said what is wrong with it
+            raise _UsageError(f"the program was not run: fix or unset {ENV_VAR}, or pass "
+                              "--mode MODE, which overrides it") from None
         raise _UsageError(
             f"invalid {ENV_VAR}={value!r} (valid: {valid_values()}); fix or unset it, or "
             "pass --mode MODE, which overrides it"

@@ -170,6 +170,10 @@ def test_help() -> None:
     (["--verbose", "x.py"], "unknown option '--verbose'"),
     (["-m"], "-m needs a module name"),
     (["does_not_exist.py"], "can't open file 'does_not_exist.py'"),
+    (["--mode", "script.py"], "--mode needs a value: warn, strict or silent; 'script.py' is not one"),
+    (["--mode", "--check"], "--mode needs a value: warn, strict or silent; '--check' is not one"),
+    (["--check", "extra"], "--check takes no arguments, got 'extra'"),
+    (["--mode", "silent", "--check"], "--check takes no --mode"),
 ])
 def test_usage_errors(tmp_path: Path, args: List[str], message: str) -> None:
     proc = runner(*args, cwd=tmp_path)
@@ -217,15 +221,17 @@ def test_mode_off_runs_the_program_with_the_shim_off(prog: Path) -> None:
     assert lines(proc)[0].startswith("mode=None ") and lines(proc)[-1] == "env off"
 
 
-def test_a_bad_environment_value_stops_the_runner_without_contradiction(prog: Path) -> None:
-    """The start-up hook skips the bad value; the runner then refuses to guess a mode."""
+def test_a_bad_environment_value_stops_the_runner_and_is_said_once(prog: Path) -> None:
+    """The start-up hook, which speaks first, says what is wrong with the value; the runner then
+    refuses to guess a mode, and says only that (and how to run it anyway)."""
     proc = runner(prog, env_value="loud")
     assert proc.returncode == 2 and proc.stdout == "", describe(proc)
     startup, runner_error, usage = stderr_lines(proc)
-    assert startup.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM value 'loud'")
+    assert startup.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM value 'loud'; valid values are")
     assert startup.endswith("start-up activation by DEEPCOPY_SHIM skipped")
-    assert runner_error.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM='loud'")
-    assert runner_error.endswith("pass --mode MODE, which overrides it") and usage.startswith("usage:")
+    assert runner_error == ("deepcopy_shim: the program was not run: fix or unset DEEPCOPY_SHIM, "
+                            "or pass --mode MODE, which overrides it")
+    assert proc.stderr.count("'loud'") == 1 and usage.startswith("usage:")
     proc = runner("--mode", "silent", prog, env_value="loud")  # --mode overrides it
     assert proc.returncode == 0 and lines(proc)[-1] == "env silent", describe(proc)
 
