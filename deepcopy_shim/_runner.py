@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-from typing import Any, List, NamedTuple, Optional, Sequence
+from types import TracebackType
+from typing import Any, List, NamedTuple, Optional, Sequence, Type
 
 from ._bootstrap import ENV_VAR, environment_setting, reported_at_startup
 from ._modes import Mode, ModeSetting, ModeValueError, Source, on_and_off_words, parse_mode, valid_values
@@ -28,8 +29,9 @@ inplace=False) copies tensors with autograd history as detached leaves instead o
 "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol".
 
 The program runs as __main__ and sees exactly its own sys.argv (script.py or the module's file,
-then its arguments); its exit code and exceptions pass through unchanged.  torch is not imported
-by the runner: the patch is applied when the program imports torch.
+then its arguments); its exit code and exceptions pass through unchanged, and the traceback of
+one it does not handle starts at its own code, as python's does.  torch is not imported by the
+runner: the patch is applied when the program imports torch.
 
 options (only before the script or -m; everything after belongs to the program):
   --mode MODE     warn (default), strict or silent:
@@ -239,7 +241,54 @@ _RUNPY_FILE = runpy.run_module.__code__.co_filename
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Entry point of `python -m deepcopy_shim` and `deepcopy-shim`: exits with `run()`'s status."""
-    status = run(argv)
+    """Entry point of `python -m deepcopy_shim` and `deepcopy-shim`: exits with `run()`'s status.
+
+    An exception the program does not handle leaves it as from `run()`; when the interpreter
+    reports it, the traceback starts at the program's own code, as `python script.py` shows it.
+    """
+    try:
+        status = run(argv)
+    except SystemExit:
+        raise
+    except BaseException:
+        _show_the_programs_frames_only()
+        raise
     if status:
         raise SystemExit(status)
+
+
+def _show_the_programs_frames_only() -> None:
+    """Make the next `sys.excepthook` call leave out the frames above the program's own.
+
+    The hook is the one in place now (the program may have set its own), called with the
+    exception's traceback cut where the program begins; it is put back at that call.  The
+    interpreter still decides everything else (the exit status: 1, or SIGINT's for
+    KeyboardInterrupt), as for `python script.py`.
+    """
+    shown = sys.excepthook
+
+    def hook(kind: Type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        sys.excepthook = shown
+        tb = _the_programs_frames(tb)
+        value.__traceback__ = tb  # what the default hook prints; `tb` alone is not enough
+        shown(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def _the_programs_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """`tb` from the first frame of the program run by `run()`, None if it failed before any
+    (a SyntaxError runpy met compiling it); `tb` itself if it did not pass through `run()`."""
+    entry = tb
+    while entry is not None and entry.tb_frame.f_code is not run.__code__:
+        entry = entry.tb_next
+    if entry is None or entry.tb_next is None or not _is_runpys(entry.tb_next):
+        return tb  # not the program's exception: the runner's own failure, shown whole
+    entry = entry.tb_next
+    while entry is not None and _is_runpys(entry):
+        entry = entry.tb_next
+    return entry
+
+
+def _is_runpys(entry: TracebackType) -> bool:
+    return entry.tb_frame.f_code.co_filename == _RUNPY_FILE

@@ -114,6 +114,44 @@ def test_exit_codes_and_exceptions_pass_through(tmp_path: Path, code: str, rc: i
         assert f'File "{script}", line 2, in <module>' in shimmed.stderr
 
 
+TRACEBACKS = {
+    "raises": "def inner():\n    raise LookupError('boom')\ninner()\n",
+    "chained": "try:\n    {}['k']\nexcept KeyError as e:\n    raise ValueError('v') from e\n",
+    "interrupted": "def step():\n    raise KeyboardInterrupt\nstep()\n",
+    "syntax": "def (\n",
+    "own hook": ("import sys, traceback\n"
+                 "sys.excepthook = lambda k, v, tb: print('HOOK', traceback.format_tb(tb))\n"
+                 "raise LookupError('mine')\n"),
+}
+
+
+@pytest.mark.parametrize("program", TRACEBACKS, ids=list(TRACEBACKS))
+def test_an_unhandled_exception_reads_as_plain_pythons(tmp_path: Path, program: str) -> None:
+    """What `python prog.py` prints and exits with, the runner prints and exits with: no frame
+    of the runner or runpy above the program's own (KeyboardInterrupt: SIGINT's status)."""
+    script = tmp_path / "prog.py"
+    script.write_text(TRACEBACKS[program])
+    plain = run([DEV_PYTHON, "prog.py"], clean_env(), cwd=tmp_path)
+    shimmed = runner("prog.py", cwd=tmp_path)
+    assert plain.returncode != 0 and "runpy" not in plain.stderr, describe(plain)
+    # python names the script by its absolute path, the runner (runpy) as it was written
+    assert (shimmed.returncode, shimmed.stdout, shimmed.stderr) == (
+        plain.returncode, *(out.replace(str(script), "prog.py") for out in (plain.stdout, plain.stderr))
+    ), describe(shimmed)
+
+
+def test_an_unhandled_exception_of_a_module_shows_the_programs_frames(tmp_path: Path) -> None:
+    """`python -m` shows two frames of runpy above the module's; the runner shows none."""
+    (tmp_path / "prog.py").write_text(TRACEBACKS["raises"])
+    plain = run([DEV_PYTHON, "-m", "prog"], clean_env(), cwd=tmp_path)
+    shimmed = runner("-m", "prog", cwd=tmp_path)
+    assert shimmed.returncode == plain.returncode == 1, describe(shimmed)
+    runpys = [line for line in plain.stderr.splitlines(keepends=True) if "runpy" in line]
+    assert len(runpys) == 2, describe(plain)
+    assert shimmed.stderr == "".join(line for line in plain.stderr.splitlines(keepends=True)
+                                     if line not in runpys), describe(shimmed)
+
+
 def test_children_inherit_activation(tmp_path: Path) -> None:
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(

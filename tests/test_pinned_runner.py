@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -270,6 +271,55 @@ def test_a_bad_variable_the_start_up_hook_reported_is_not_reported_again(
     assert _bootstrap.activate_from_environment({"DEEPCOPY_SHIM": "loud"}) is None
     assert not _bootstrap.reported_at_startup("loud")
     capsys.readouterr()
+
+
+def test_an_unhandled_exception_is_shown_from_the_programs_own_frames(
+        here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() lets the program's exception go on to the interpreter, whose report (the next
+    sys.excepthook call) starts at the program's first frame, as `python prog.py` shows it."""
+    shown: List[Any] = []
+
+    def programs_hook(kind: Any, value: BaseException, tb: Any) -> None:
+        shown.append((value, [entry.name for entry in traceback.extract_tb(tb)],
+                       [entry.name for entry in traceback.extract_tb(value.__traceback__)]))
+
+    monkeypatch.setattr(sys, "excepthook", programs_hook)
+    (here / "fails.py").write_text("def inner():\n    raise LookupError('boom')\ninner()\n")
+    with pytest.raises(LookupError) as raised:
+        _runner.main(["fails.py"])
+    assert sys.excepthook is not programs_hook  # installed for the interpreter's report
+    sys.excepthook(LookupError, raised.value, raised.value.__traceback__)
+    assert shown == [(raised.value, ["<module>", "inner"], ["<module>", "inner"])]
+    assert sys.excepthook is programs_hook  # one report, then the hook it found is back
+    # a SyntaxError runpy meets compiling the program: no frame at all, as python shows it
+    (here / "syntax.py").write_text("def (\n")
+    with pytest.raises(SyntaxError) as raised:
+        _runner.main(["syntax.py"])
+    sys.excepthook(SyntaxError, raised.value, raised.value.__traceback__)
+    assert shown[-1][1:] == ([], [])
+    # another exception reported first (a thread's, say) is shown whole, and the hook goes back
+    with pytest.raises(LookupError) as raised:
+        _runner.main(["fails.py"])
+    other = ValueError("not the program's")
+    sys.excepthook(ValueError, other, None)
+    assert shown[-1] == (other, [], []) and sys.excepthook is programs_hook
+
+
+def test_the_runners_own_failure_is_shown_whole(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepcopy_shim import _activation
+
+    def cannot(setting: Any) -> None:
+        raise RuntimeError("the patch cannot be installed")
+
+    shown: List[List[str]] = []
+    monkeypatch.setattr(sys, "excepthook",
+                        lambda kind, value, tb: shown.append([e.name for e in traceback.extract_tb(tb)]))
+    monkeypatch.setattr(_activation, "set_global", cannot)
+    with pytest.raises(RuntimeError, match="cannot be installed") as raised:
+        _runner.main([SCRIPT])
+    whole = [entry.name for entry in traceback.extract_tb(raised.value.__traceback__)]
+    sys.excepthook(RuntimeError, raised.value, raised.value.__traceback__)
+    assert shown == [whole] and whole[-3:] == ["main", "run", "cannot"]
 
 
 def test_without_arguments_run_reads_sys_argv(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
