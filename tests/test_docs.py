@@ -99,3 +99,84 @@ def test_the_count_of_cuda_tests_the_compatibility_page_gives_is_the_suites() ->
     collected = re.search(r"(\d+) tests? collected", proc.stdout)
     assert collected is not None, proc.stdout + proc.stderr
     assert said.group(1) == collected.group(1)
+
+
+SEE_EVERY = 'warnings.simplefilter("always", deepcopy_shim.DetachedTensorsWarning)'
+COPIES_IN_A_LOOP = """\
+import copy, warnings
+import torch, torch.nn as nn
+import deepcopy_shim
+{see_every}
+model = nn.Linear(2, 2)
+model.out = model(torch.ones(1, 2))
+deepcopy_shim.enable()
+for _ in range(3):
+    copy.deepcopy(model)
+"""
+
+
+def test_one_warning_per_line_under_pythons_default_filter_and_the_way_to_see_every_one() -> None:
+    """README and getting-started: the same copy made again by the same line warns once under
+    the default filter; the line they give, or `-W "always:deepcopy_shim"`, shows every one."""
+    import subprocess
+    import sys
+
+    from support.processes import clean_env
+
+    for page in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+        text = page.read_text(encoding="utf-8")
+        assert f"import warnings\n{SEE_EVERY}\n" in text, page.name
+        assert '`python -W "always:deepcopy_shim" train.py`' in text, page.name
+        assert "once per line of your code" in " ".join(text.split()), page.name
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONWARNINGS"}
+
+    def shown(*options: str, see_every: str = "") -> int:
+        proc = subprocess.run([sys.executable, *options, "-c", COPIES_IN_A_LOOP.format(see_every=see_every)],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr.count("DetachedTensorsWarning: deepcopy_shim: deep copy of a Linear")
+
+    assert shown() == 1
+    assert shown(see_every=SEE_EVERY) == 3
+    assert shown("-W", "always:deepcopy_shim") == 3
+
+
+FINDS_WITHOUT_COPYING = """\
+import torch, torch.nn as nn
+import deepcopy_shim
+
+def resident(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field)) / 1024
+
+def extra_peak(call):
+    with open("/proc/self/clear_refs", "w") as clear:  # the high-water mark starts again here
+        clear.write("5")
+    before = resident("VmRSS:")
+    kept = call()
+    return resident("VmHWM:") - before
+
+model = nn.Linear(2, 2)
+model.cached = torch.ones(50_000_000, requires_grad=True) * 2  # 200 MB with autograd history
+deepcopy_shim.find_nonleaf_tensors(model)  # once first: what it imports is not what it copies
+found = extra_peak(lambda: deepcopy_shim.find_nonleaf_tensors(model))
+copied = extra_peak(lambda: deepcopy_shim.deepcopy(model, "silent"))
+print(round(found, 1), round(copied, 1))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's /proc high-water mark")
+def test_find_nonleaf_tensors_copies_no_tensor_data_as_getting_started_says() -> None:
+    import subprocess
+    import sys
+
+    from support.processes import clean_env
+
+    text = " ".join((ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8").split())
+    assert "To list them without copying any tensor data" in text
+    proc = subprocess.run([sys.executable, "-c", FINDS_WITHOUT_COPYING], capture_output=True, text=True,
+                          env=clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    found, copied = map(float, proc.stdout.split())
+    assert copied > 150, proc.stdout  # the measure sees a copy of the data (200 MB: 191 MiB)
+    assert found < 20, proc.stdout  # and the list copies none of it
