@@ -52,7 +52,8 @@ def enable(mode: ModeLike = "warn") -> None:
     is not imported yet, the patch is applied when it is (this call does not import torch).
 
     Raises:
-        ModeValueError: `mode` (a `ValueError`) is not in the vocabulary; nothing changes.
+        ModeValueError: `mode` (a `ValueError`) is not in the vocabulary, a blank string
+            included (`enable(os.environ.get("FLAG", ""))` is not `disable()`); nothing changes.
         TypeError: `mode` is of no accepted type (None, a float, bytes); nothing changes.
         RuntimeError: the patch cannot be installed (another patch replaced
             `copy._deepcopy_dispatch` with something that is not a dict); nothing changes.

@@ -19,16 +19,30 @@ from typing import Mapping, Optional
 from ._modes import Mode, ModeSetting, ModeValueError, Source, parse_mode
 from ._notices import print_notice
 
-__all__ = ["ENV_VAR", "activate_from_environment", "environment_setting", "startup_failure"]
+__all__ = ["ENV_VAR", "activate_from_environment", "environment_setting", "reported_at_startup",
+           "startup_failure"]
 
 ENV_VAR = "DEEPCOPY_SHIM"
 
+# The invalid value of the variable that start-up activation reported in this process (None:
+# it reported none).  The runner, which reads the same variable after it, then does not say it
+# again: one complaint per process, from whichever door speaks first.
+_reported: Optional[str] = None
+
+
+def reported_at_startup(value: str) -> bool:
+    """True if start-up activation in this process already said that `DEEPCOPY_SHIM=value` is
+    invalid (on stderr)."""
+    return _reported == value
+
 
 def environment_setting(value: str) -> Optional[ModeSetting]:
-    """The setting `DEEPCOPY_SHIM=value` makes (None: off).
+    """The setting `DEEPCOPY_SHIM=value` makes (None: off; a blank value is unset, so off).
 
     Raises `ValueError` whose message names the variable, the bad value and the valid ones.
     """
+    if not value.strip():  # as the .pth line reads it: `DEEPCOPY_SHIM=` is the variable unset
+        return None
     mode = parse_mode(value, f"{ENV_VAR} value")
     if mode is None:
         return None
@@ -56,9 +70,12 @@ def activate_from_environment(environ: Optional[Mapping[str, str]] = None) -> Op
     a bad value or a failure to enable is reported as one line on stderr and the shim stays off.
     Explicit code wins: a later `deepcopy_shim.enable()`/`disable` overrides this.
     """
+    global _reported
+    value = None
     try:
         env = os.environ if environ is None else environ
-        setting = environment_setting(env.get(ENV_VAR, ""))
+        value = env.get(ENV_VAR, "")
+        setting = environment_setting(value)
         if setting is not None:
             from ._activation import set_global
 
@@ -67,4 +84,6 @@ def activate_from_environment(environ: Optional[Mapping[str, str]] = None) -> Op
         return None
     except Exception as exc:
         print_notice(startup_failure(exc, f"start-up activation by {ENV_VAR}"))
+        if isinstance(exc, ModeValueError) and environ is None:  # this process's own variable
+            _reported = value
         return None

@@ -37,9 +37,11 @@ __all__ = [
     "valid_values",
 ]
 
-# Spellings that mean "on, in the default mode" and "off", accepted by every door.
+# Spellings that mean "on, in the default mode" and "off", accepted by every door.  A blank
+# value is none of them: only the environment variable reads it as unset (see `_bootstrap`);
+# in code and on a command line it means something was left out.
 ON_WORDS = ("1", "true", "on", "yes")
-OFF_WORDS = ("0", "false", "off", "no", "")
+OFF_WORDS = ("0", "false", "off", "no")
 
 
 class Mode(str, enum.Enum):
@@ -158,26 +160,28 @@ class ModeValueError(ValueError):
 def valid_values() -> str:
     """The accepted spellings, in words, for messages: `warn, strict, silent; 1, true, ...`."""
     modes = ", ".join(m.value for m in Mode)
-    return f"{modes}; {', '.join(ON_WORDS)} (warn); {', '.join(OFF_WORDS[:-1])} (off)"
+    return f"{modes}; {', '.join(ON_WORDS)} (warn); {', '.join(OFF_WORDS)} (off)"
 
 
 def on_and_off_words(sep: str = "/") -> tuple[str, str]:
     """The on and off words joined by `sep` (`"1/true/on/yes"`, `"0/false/off/no"`), for help texts."""
-    return sep.join(ON_WORDS), sep.join(OFF_WORDS[:-1])
+    return sep.join(ON_WORDS), sep.join(OFF_WORDS)
 
 
 def parse_mode(value: Union[Mode, str, bool, int], what: str = "mode") -> Optional[Mode]:
     """The mode `value` names, or `None` for off: the vocabulary of every door.
 
     A `Mode` or its name (any case, surrounding blanks ignored); `True`, `1` or an on
-    word (`"1"`, `"true"`, `"on"`, `"yes"`) for `warn`; `False`, `0`, an off word
-    (`"0"`, `"false"`, `"off"`, `"no"`) or a blank string for off.
+    word (`"1"`, `"true"`, `"on"`, `"yes"`) for `warn`; `False`, `0` or an off word
+    (`"0"`, `"false"`, `"off"`, `"no"`) for off.
 
     Raises `ModeValueError` (a `ValueError`) for a value of an accepted type that names no
-    mode, naming `what` was bad (`"mode"` from Python; a text door's own name, such as
-    `"DEEPCOPY_SHIM value"`, whose message then lists only what can be written there), the
-    value and the valid ones; `TypeError` for a value of any other type (None included, with
-    the way to say warn or off), as Python does.
+    mode, a blank string included (`enable(os.environ.get("X", ""))` must not quietly mean
+    off; the environment door reads blank as unset before asking here), naming `what` was
+    bad (`"mode"` from Python; a text door's own name, such as `"DEEPCOPY_SHIM value"`,
+    whose message then lists only what can be written there), the value and the valid ones;
+    `TypeError` for a value of any other type (None included, with the way to say warn or
+    off), as Python does.
     """
     if isinstance(value, Mode):
         return value

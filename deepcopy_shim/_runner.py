@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-from typing import Any, List, NamedTuple, Optional, Sequence
+from types import TracebackType
+from typing import Any, List, NamedTuple, Optional, Sequence, Type
 
-from ._bootstrap import ENV_VAR, environment_setting
+from ._bootstrap import ENV_VAR, environment_setting, reported_at_startup
 from ._modes import Mode, ModeSetting, ModeValueError, Source, on_and_off_words, parse_mode, valid_values
 
 __all__ = ["HELP", "main", "run"]
@@ -28,8 +29,9 @@ inplace=False) copies tensors with autograd history as detached leaves instead o
 "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol".
 
 The program runs as __main__ and sees exactly its own sys.argv (script.py or the module's file,
-then its arguments); its exit code and exceptions pass through unchanged.  torch is not imported
-by the runner: the patch is applied when the program imports torch.
+then its arguments); its exit code and exceptions pass through unchanged, and the traceback of
+one it does not handle starts at its own code, as python's does.  torch is not imported by the
+runner: the patch is applied when the program imports torch.
 
 options (only before the script or -m; everything after belongs to the program):
   --mode MODE     warn (default), strict or silent:
@@ -42,7 +44,7 @@ options (only before the script or -m; everything after belongs to the program):
   -m MODULE       run a module as `python -m MODULE` would (the rest are its arguments)
   --              end of runner options (for a script whose name starts with '-')
   --check         print versions, installation and a live self-test, for bug reports;
-                  exit status 1 if something is wrong
+                  exit status 1 if something is wrong (takes no --mode and no arguments)
   --version       print the version and exit
   -h, --help      show this help and exit
 
@@ -84,12 +86,16 @@ def _parse(argv: Sequence[str]) -> _Command:
     while i < len(argv):
         arg = argv[i]
         if arg in _ACTIONS:
+            if _ACTIONS[arg] == "check":  # help and version, as everywhere, ignore the rest
+                _check_alone(mode, argv[i + 1:])
             return _Command(_ACTIONS[arg], mode, False, "", [])
         if arg == "--mode" or arg.startswith("--mode="):
             if arg == "--mode":
                 if i + 1 >= len(argv):
                     raise _UsageError(_NEEDS_A_VALUE)
                 mode = argv[i + 1]
+                if _value_left_out(mode):
+                    raise _UsageError(f"{_NEEDS_A_VALUE}; {mode!r} is not one")
                 i += 2
             else:
                 mode = arg.split("=", 1)[1]
@@ -112,6 +118,25 @@ def _parse(argv: Sequence[str]) -> _Command:
     raise _UsageError("no program given: pass script.py or -m package.module")
 
 
+def _value_left_out(word: str) -> bool:
+    """True if `word`, read as the value of `--mode MODE`, is what follows a value left out:
+    not a mode, and an option or the program (a `.py` name, or a path that exists)."""
+    try:
+        parse_mode(word, "--mode value")
+    except ModeValueError:
+        return word.startswith("-") or word.endswith(".py") or os.path.exists(word)
+    return False
+
+
+def _check_alone(mode: Optional[str], rest: Sequence[str]) -> None:
+    """Refuse what `--check` would otherwise ignore; raises _UsageError."""
+    if mode is not None:
+        raise _UsageError("--check takes no --mode: it self-tests every mode, and reports "
+                          f"{ENV_VAR} as it is")
+    if rest:
+        raise _UsageError(f"--check takes no arguments, got {' '.join(rest)!r}")
+
+
 def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
     """The setting to run with: --mode, else a mode named by DEEPCOPY_SHIM, else warn.
 
@@ -130,6 +155,9 @@ def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
     try:
         from_environment = environment_setting(value)
     except ModeValueError:
+        if reported_at_startup(value):  # the line above this one said what is wrong with it
+            raise _UsageError(f"the program was not run: fix or unset {ENV_VAR}, or pass "
+                              "--mode MODE, which overrides it") from None
         raise _UsageError(
             f"invalid {ENV_VAR}={value!r} (valid: {valid_values()}); fix or unset it, or "
             "pass --mode MODE, which overrides it"
@@ -213,7 +241,54 @@ _RUNPY_FILE = runpy.run_module.__code__.co_filename
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Entry point of `python -m deepcopy_shim` and `deepcopy-shim`: exits with `run()`'s status."""
-    status = run(argv)
+    """Entry point of `python -m deepcopy_shim` and `deepcopy-shim`: exits with `run()`'s status.
+
+    An exception the program does not handle leaves it as from `run()`; when the interpreter
+    reports it, the traceback starts at the program's own code, as `python script.py` shows it.
+    """
+    try:
+        status = run(argv)
+    except SystemExit:
+        raise
+    except BaseException:
+        _show_the_programs_frames_only()
+        raise
     if status:
         raise SystemExit(status)
+
+
+def _show_the_programs_frames_only() -> None:
+    """Make the next `sys.excepthook` call leave out the frames above the program's own.
+
+    The hook is the one in place now (the program may have set its own), called with the
+    exception's traceback cut where the program begins; it is put back at that call.  The
+    interpreter still decides everything else (the exit status: 1, or SIGINT's for
+    KeyboardInterrupt), as for `python script.py`.
+    """
+    shown = sys.excepthook
+
+    def hook(kind: Type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        sys.excepthook = shown
+        tb = _the_programs_frames(tb)
+        value.__traceback__ = tb  # what the default hook prints; `tb` alone is not enough
+        shown(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def _the_programs_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """`tb` from the first frame of the program run by `run()`, None if it failed before any
+    (a SyntaxError runpy met compiling it); `tb` itself if it did not pass through `run()`."""
+    entry = tb
+    while entry is not None and entry.tb_frame.f_code is not run.__code__:
+        entry = entry.tb_next
+    if entry is None or entry.tb_next is None or not _is_runpys(entry.tb_next):
+        return tb  # not the program's exception: the runner's own failure, shown whole
+    entry = entry.tb_next
+    while entry is not None and _is_runpys(entry):
+        entry = entry.tb_next
+    return entry
+
+
+def _is_runpys(entry: TracebackType) -> bool:
+    return entry.tb_frame.f_code.co_filename == _RUNPY_FILE

@@ -134,6 +134,9 @@ def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker(_MARKER) is None:
             continue
+        # A bad marker is the command's mistake, as a bad --deepcopy-shim value is: one usage
+        # line naming the test, now, rather than an error with the plugin's code at set-up.
+        _marker_scope(item)
         names = getattr(item, "fixturenames", None)
         if isinstance(names, list) and _MARKER not in names and _MARKER_FIXTURE not in names:
             names.insert(0, _MARKER_FIXTURE)
@@ -145,8 +148,8 @@ def _marker_mode(node: Any) -> Optional[str]:
         return None
     if len(marker.args) + len(marker.kwargs) > 1 or set(marker.kwargs) - {"mode"}:
         raise pytest.UsageError(
-            f"deepcopy_shim: the deepcopy_shim marker takes one mode, got {marker.args!r} "
-            f"{marker.kwargs!r}; use @pytest.mark.deepcopy_shim('warn'|'strict'|'silent')")
+            f"deepcopy_shim: the deepcopy_shim marker of {node.nodeid} takes one mode, got "
+            f"{marker.args!r} {marker.kwargs!r}; use @pytest.mark.deepcopy_shim('warn'|'strict'|'silent')")
     return str(marker.kwargs.get("mode", marker.args[0] if marker.args else "warn"))
 
 
@@ -160,15 +163,26 @@ def _scope(mode_name: str, template: str, where: str, how: Optional[str] = None)
         raise pytest.UsageError(f"{exc} (in {where})") from None
 
 
+def _marker_scope(node: Any) -> Any:
+    """The scope `node`'s deepcopy_shim marker asks for (None: no marker).
+
+    Raises `pytest.UsageError` naming the test and the marker for a marker pytest cannot apply.
+    """
+    mode_name = _marker_mode(node)
+    if mode_name is None:
+        return None
+    return _scope(mode_name, "@pytest.mark.deepcopy_shim({!r})",
+                  f"the deepcopy_shim marker of {node.nodeid}")
+
+
 @pytest.fixture(name=_MARKER_FIXTURE)
 def _deepcopy_shim_marker(request: pytest.FixtureRequest) -> Iterator[None]:
     """Apply `@pytest.mark.deepcopy_shim(mode)` (added to marked tests at collection)."""
-    mode_name = _marker_mode(request.node)
-    if mode_name is None:  # pragma: no cover - only marked tests request this fixture
+    scope = _marker_scope(request.node)
+    if scope is None:  # pragma: no cover - only marked tests request this fixture
         yield
         return
-    with _scope(mode_name, "@pytest.mark.deepcopy_shim({!r})",
-                f"the deepcopy_shim marker of {request.node.nodeid}"):
+    with scope:
         yield
 
 
@@ -180,15 +194,19 @@ def deepcopy_shim_fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
     parametrization (`@pytest.mark.parametrize("deepcopy_shim", ["strict"], indirect=True)`),
     else `warn`.  Only this test's thread/task is affected (`deepcopy_shim.enabled`).
     """
-    mode_name = _marker_mode(request.node)
-    # Another mode is chosen with the marker, whatever chose this one: messages say so.
-    template, how = "@pytest.mark.deepcopy_shim({!r})", None
-    if mode_name is None:
+    scope = _marker_scope(request.node)
+    if scope is None:
+        # Another mode is chosen with the marker, whatever chose this one: messages say so.
         param = getattr(request, "param", None)
         mode_name = "warn" if param is None else str(param)
         how = ("the deepcopy_shim fixture's default mode 'warn'" if param is None else
                f"the deepcopy_shim fixture's parameter {mode_name!r} (indirect parametrization)")
+        try:
+            scope = _scope(mode_name, "@pytest.mark.deepcopy_shim({!r})",
+                           f"the deepcopy_shim fixture of {request.node.nodeid}", how)
+        except pytest.UsageError as exc:  # that test's own parameter: that test fails, in words
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None
     import deepcopy_shim
 
-    with _scope(mode_name, template, f"the deepcopy_shim fixture of {request.node.nodeid}", how):
+    with scope:
         yield deepcopy_shim

@@ -5,11 +5,15 @@ weight_norm, so `copy.deepcopy(model)` raises the "graph leaves" error without t
 """
 
 import copy
+import warnings
 
 import torch
 import torch.nn as nn
 
 import deepcopy_shim
+
+# Notices of other libraries, not of the shim: silenced, so that what you see is what the shim says.
+warnings.filterwarnings("ignore", r"`torch\.nn\.utils\.weight_norm` is deprecated", FutureWarning)
 
 
 class Model(nn.Module):

@@ -7,6 +7,7 @@ so without the shim that copy raises the "graph leaves" error.  Run:
     python examples/lightning_swa.py
 """
 
+import logging
 import warnings
 
 import lightning as L
@@ -16,6 +17,11 @@ from lightning.pytorch.callbacks import StochasticWeightAveraging
 from torch.utils.data import DataLoader, TensorDataset
 
 import deepcopy_shim
+
+# Notices of other libraries, not of the shim: silenced, so that what you see is what the shim says.
+warnings.filterwarnings("ignore", r"`torch\.nn\.utils\.weight_norm` is deprecated", FutureWarning)
+warnings.filterwarnings("ignore", module="lightning")  # its hints and deprecations
+logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available", tips
 
 
 class Regressor(L.LightningModule):
@@ -53,9 +59,7 @@ def main() -> None:
         enable_model_summary=False,
     )
     deepcopy_shim.enable("silent")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Lightning's hints (workers, deprecated weight_norm)
-        trainer.fit(model, data)
+    trainer.fit(model, data)
     deepcopy_shim.disable()
     assert trainer.current_epoch == 4
     print("Lightning SWA finished: final loss", float(trainer.callback_metrics.get("train_loss", torch.nan)))

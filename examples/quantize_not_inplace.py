@@ -11,6 +11,10 @@ import torch.nn as nn
 
 import deepcopy_shim
 
+# Notices of other libraries, not of the shim: silenced, so that what you see is what the shim says.
+warnings.filterwarnings("ignore", "torch.ao.quantization is deprecated", DeprecationWarning)
+warnings.filterwarnings("ignore", r"torch\.quantize_per_tensor, .* are deprecated", UserWarning)
+
 
 class Classifier(nn.Module):
     def __init__(self) -> None:
@@ -30,8 +34,7 @@ def main() -> None:
     model = Classifier().eval()
     x = torch.randn(8, 16)
     model(x)
-    with deepcopy_shim.enabled("silent"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao.quantization's notice
+    with deepcopy_shim.enabled("silent"):
         quantized = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
     assert type(model.fc1) is nn.Linear, "the float model is unchanged"
     with torch.no_grad():

@@ -34,7 +34,8 @@ PTH = REPO / "deepcopy_shim" / "deepcopy_shim.pth"
     *[(m.value, m) for m in Mode],  # every mode name, from the enum itself
     ("WaRn", Mode.WARN), ("  STRICT \n", Mode.STRICT), ("\tSilent", Mode.SILENT),
     ("TRUE", Mode.WARN), (" Yes ", Mode.WARN), ("ON", Mode.WARN),
-    ("FALSE", None), (" Off", None), ("NO", None), ("   ", None),
+    ("FALSE", None), (" Off", None), ("NO", None),
+    ("", None), ("   ", None),  # blank: the variable reads as unset
 ])
 def test_vocabulary(value: str, expected: Optional[Mode]) -> None:
     assert parse_env_value(value) is expected
@@ -186,10 +187,10 @@ def test_pth_is_one_ascii_line() -> None:
 
 def test_pth_gate_uses_the_same_off_values() -> None:
     # The .pth repeats the "off" words so that DEEPCOPY_SHIM=0 costs nothing at start-up either;
-    # they must stay those of _bootstrap.
+    # they must stay those of _bootstrap, with blank (the variable set to nothing) for unset.
     match = re.search(r"\.strip\(\)\.lower\(\) not in (\([^)]*\))", PTH.read_text())
     assert match is not None
-    assert set(ast.literal_eval(match.group(1))) == set(OFF_WORDS)
+    assert set(ast.literal_eval(match.group(1))) == {*OFF_WORDS, ""}
 
 
 def test_bootstrap_shares_the_mode_vocabulary() -> None:

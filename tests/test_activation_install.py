@@ -170,7 +170,7 @@ VOCABULARY = (
     [(v, "warn") for v in [*ON_WORDS, "warn", "TRUE", " On ", "Yes\n", "WARN"]]
     + [(v, "strict") for v in ["strict", "STRICT", "  strict\t"]]
     + [(v, "silent") for v in ["silent", "Silent"]]
-    + [(v, None) for v in [*OFF_WORDS, "FALSE", " off ", "No", "   "]]
+    + [(v, None) for v in [*OFF_WORDS, "FALSE", " off ", "No", "", "   "]]
 )
 
 

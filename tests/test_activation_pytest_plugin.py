@@ -94,6 +94,10 @@ def test_bad_value_is_a_usage_error(tmp_path: Path) -> None:
             "silent") in proc.stderr
     proc = pytest_run(tmp_path, ini="deepcopy_shim = maybe\n")
     assert proc.returncode == 4 and "invalid ini value deepcopy_shim = 'maybe'" in proc.stderr
+    # `--deepcopy-shim=$MODE` with MODE unset: something was left out, not a request for off
+    proc = pytest_run(tmp_path, "--deepcopy-shim=", env_value="strict")
+    assert proc.returncode == 4, describe(proc)
+    assert "deepcopy_shim: invalid --deepcopy-shim value ''; valid values are warn" in proc.stderr
 
 
 MARKER_TESTS = CHILD_NET_SRC + textwrap.dedent(
@@ -168,11 +172,37 @@ def test_marker_and_fixture(tmp_path: Path) -> None:
     assert " 12 passed" in proc.stdout, describe(proc)
 
 
-def test_marker_with_bad_mode_fails_clearly(tmp_path: Path) -> None:
-    tests = ("import pytest\n@pytest.mark.deepcopy_shim('loud')\ndef test_x():\n    pass\n")
+def test_marker_with_bad_mode_is_one_usage_line_naming_the_test(tmp_path: Path) -> None:
+    """As a bad --deepcopy-shim value: pytest's one ERROR line and status 4 (usage error), at
+    collection, naming the test and the marker; no code of the plugin, and no test runs."""
+    tests = ("import pytest\n@pytest.mark.deepcopy_shim('loud')\ndef test_x():\n    pass\n"
+             "def test_y():\n    print('RAN')\n"
+             "@pytest.mark.deepcopy_shim('warn', 'strict')\ndef test_z():\n    pass\n")
     proc = pytest_run(tmp_path, tests=tests)
-    assert proc.returncode != 0
-    assert "deepcopy_shim: invalid mode 'loud'" in proc.stdout, describe(proc)
+    assert proc.returncode == 4, describe(proc)
+    (said,) = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert said.startswith("ERROR: deepcopy_shim: invalid mode 'loud'; valid values are warn, "
+                           "strict, silent"), describe(proc)
+    assert said.endswith("(in the deepcopy_shim marker of test_inner.py::test_x)"), said
+    assert "pytest_plugin.py" not in proc.stdout + proc.stderr and "RAN" not in proc.stdout
+    proc = pytest_run(tmp_path, tests=tests.replace("'loud'", "'silent'"))
+    assert proc.returncode == 4, describe(proc)
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        "ERROR: deepcopy_shim: the deepcopy_shim marker of test_inner.py::test_z takes one mode, "
+        "got ('warn', 'strict') {}; use @pytest.mark.deepcopy_shim('warn'|'strict'|'silent')"]
+
+
+def test_fixture_with_a_bad_parameter_fails_that_test_in_words(tmp_path: Path) -> None:
+    """An indirect parameter is that test's own: that test errors with the message alone."""
+    tests = ("import pytest\n@pytest.mark.parametrize('deepcopy_shim', ['loud'], indirect=True)\n"
+             "def test_x(deepcopy_shim):\n    pass\ndef test_y():\n    pass\n")
+    proc = pytest_run(tmp_path, tests=tests)
+    assert proc.returncode == 1 and "1 passed, 1 error" in proc.stdout, describe(proc)
+    assert ("deepcopy_shim: invalid mode 'loud'; valid values are warn, strict, silent"
+            in proc.stdout), describe(proc)
+    assert "(in the deepcopy_shim fixture of test_inner.py::test_x[loud])" in proc.stdout
+    assert "pytest_plugin.py" not in proc.stdout + proc.stderr
+    assert "During handling" not in proc.stdout
 
 
 def test_marker_is_registered_for_help(tmp_path: Path) -> None:

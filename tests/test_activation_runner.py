@@ -114,6 +114,44 @@ def test_exit_codes_and_exceptions_pass_through(tmp_path: Path, code: str, rc: i
         assert f'File "{script}", line 2, in <module>' in shimmed.stderr
 
 
+TRACEBACKS = {
+    "raises": "def inner():\n    raise LookupError('boom')\ninner()\n",
+    "chained": "try:\n    {}['k']\nexcept KeyError as e:\n    raise ValueError('v') from e\n",
+    "interrupted": "def step():\n    raise KeyboardInterrupt\nstep()\n",
+    "syntax": "def (\n",
+    "own hook": ("import sys, traceback\n"
+                 "sys.excepthook = lambda k, v, tb: print('HOOK', traceback.format_tb(tb))\n"
+                 "raise LookupError('mine')\n"),
+}
+
+
+@pytest.mark.parametrize("program", TRACEBACKS, ids=list(TRACEBACKS))
+def test_an_unhandled_exception_reads_as_plain_pythons(tmp_path: Path, program: str) -> None:
+    """What `python prog.py` prints and exits with, the runner prints and exits with: no frame
+    of the runner or runpy above the program's own (KeyboardInterrupt: SIGINT's status)."""
+    script = tmp_path / "prog.py"
+    script.write_text(TRACEBACKS[program])
+    plain = run([DEV_PYTHON, "prog.py"], clean_env(), cwd=tmp_path)
+    shimmed = runner("prog.py", cwd=tmp_path)
+    assert plain.returncode != 0 and "runpy" not in plain.stderr, describe(plain)
+    # python names the script by its absolute path, the runner (runpy) as it was written
+    assert (shimmed.returncode, shimmed.stdout, shimmed.stderr) == (
+        plain.returncode, *(out.replace(str(script), "prog.py") for out in (plain.stdout, plain.stderr))
+    ), describe(shimmed)
+
+
+def test_an_unhandled_exception_of_a_module_shows_the_programs_frames(tmp_path: Path) -> None:
+    """`python -m` shows two frames of runpy above the module's; the runner shows none."""
+    (tmp_path / "prog.py").write_text(TRACEBACKS["raises"])
+    plain = run([DEV_PYTHON, "-m", "prog"], clean_env(), cwd=tmp_path)
+    shimmed = runner("-m", "prog", cwd=tmp_path)
+    assert shimmed.returncode == plain.returncode == 1, describe(shimmed)
+    runpys = [line for line in plain.stderr.splitlines(keepends=True) if "runpy" in line]
+    assert len(runpys) == 2, describe(plain)
+    assert shimmed.stderr == "".join(line for line in plain.stderr.splitlines(keepends=True)
+                                     if line not in runpys), describe(shimmed)
+
+
 def test_children_inherit_activation(tmp_path: Path) -> None:
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(
@@ -170,6 +208,10 @@ def test_help() -> None:
     (["--verbose", "x.py"], "unknown option '--verbose'"),
     (["-m"], "-m needs a module name"),
     (["does_not_exist.py"], "can't open file 'does_not_exist.py'"),
+    (["--mode", "script.py"], "--mode needs a value: warn, strict or silent; 'script.py' is not one"),
+    (["--mode", "--check"], "--mode needs a value: warn, strict or silent; '--check' is not one"),
+    (["--check", "extra"], "--check takes no arguments, got 'extra'"),
+    (["--mode", "silent", "--check"], "--check takes no --mode"),
 ])
 def test_usage_errors(tmp_path: Path, args: List[str], message: str) -> None:
     proc = runner(*args, cwd=tmp_path)
@@ -217,15 +259,17 @@ def test_mode_off_runs_the_program_with_the_shim_off(prog: Path) -> None:
     assert lines(proc)[0].startswith("mode=None ") and lines(proc)[-1] == "env off"
 
 
-def test_a_bad_environment_value_stops_the_runner_without_contradiction(prog: Path) -> None:
-    """The start-up hook skips the bad value; the runner then refuses to guess a mode."""
+def test_a_bad_environment_value_stops_the_runner_and_is_said_once(prog: Path) -> None:
+    """The start-up hook, which speaks first, says what is wrong with the value; the runner then
+    refuses to guess a mode, and says only that (and how to run it anyway)."""
     proc = runner(prog, env_value="loud")
     assert proc.returncode == 2 and proc.stdout == "", describe(proc)
     startup, runner_error, usage = stderr_lines(proc)
-    assert startup.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM value 'loud'")
+    assert startup.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM value 'loud'; valid values are")
     assert startup.endswith("start-up activation by DEEPCOPY_SHIM skipped")
-    assert runner_error.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM='loud'")
-    assert runner_error.endswith("pass --mode MODE, which overrides it") and usage.startswith("usage:")
+    assert runner_error == ("deepcopy_shim: the program was not run: fix or unset DEEPCOPY_SHIM, "
+                            "or pass --mode MODE, which overrides it")
+    assert proc.stderr.count("'loud'") == 1 and usage.startswith("usage:")
     proc = runner("--mode", "silent", prog, env_value="loud")  # --mode overrides it
     assert proc.returncode == 0 and lines(proc)[-1] == "env silent", describe(proc)
 

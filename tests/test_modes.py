@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 import threading
 from typing import Any, List, Optional
 
@@ -61,6 +62,22 @@ def test_bad_spellings_are_refused_at_every_door(bad: Any) -> None:
                                  r"case; also True/False, 1/0 and deepcopy_shim\.Mode members\)"):
             door(bad)
     assert not deepcopy_shim.is_enabled()
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\t\n"])
+def test_a_blank_value_in_code_is_refused_not_read_as_off(blank: str) -> None:
+    """`enable(os.environ.get("MY_FLAG", ""))` must not quietly mean native copies: in code a
+    blank value is a ModeValueError naming the accepted ones (the environment variable alone
+    reads blank as unset, tests/test_activation_bootstrap.py)."""
+    deepcopy_shim.enable("strict")
+    for door in _DOORS:
+        with pytest.raises(deepcopy_shim.ModeValueError,
+                           match=rf"^deepcopy_shim: invalid mode {re.escape(repr(blank))}; valid "
+                                 r"values are warn, strict, silent; 1, true, on, yes \(warn\); "
+                                 r"0, false, off, no \(off\)"):
+            door(blank)
+    setting = deepcopy_shim.current_mode()  # nothing changed
+    assert setting is not None and setting.mode is Mode.STRICT
 
 
 @pytest.mark.parametrize("bad", [None, 3.5, ["warn"], b"warn", object()])
@@ -208,9 +225,7 @@ def test_settings_are_equal_exactly_when_mode_source_and_how_are() -> None:
 
 def test_the_help_texts_list_exactly_the_words_a_text_door_accepts() -> None:
     """The runner's --help and the pytest option's help name the on and off words: each one
-    they name is accepted, and each accepted word but the empty one is named."""
-    import re
-
+    they name is accepted, and each accepted word is named."""
     from deepcopy_shim import _runner, pytest_plugin
     from deepcopy_shim._modes import parse_mode
 
@@ -219,7 +234,7 @@ def test_the_help_texts_list_exactly_the_words_a_text_door_accepts() -> None:
         found = re.search(pattern, " ".join(text.split()))
         assert found is not None, text
         on, off = found.group(1).split("/"), found.group(2).split("/")
-        assert on == list(ON_WORDS) and off == [w for w in OFF_WORDS if w]
+        assert on == list(ON_WORDS) and off == list(OFF_WORDS)
         assert all(parse_mode(w, "--mode value") is Mode.WARN for w in on)
         assert all(parse_mode(w, "--mode value") is None for w in off)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -152,6 +153,19 @@ def test_the_mode_comes_from_mode_else_the_environment_else_warn(
     (["missing.py"], None, "can't open file 'missing.py': no such file"),
     (["--", "missing.py"], None, "can't open file 'missing.py'"),
     ([SCRIPT], "loud", "invalid DEEPCOPY_SHIM='loud' (valid: "),
+    # the value left out: what follows is taken for it, and the message says so
+    (["--mode", SCRIPT], None, f"--mode needs a value: warn, strict or silent; {SCRIPT!r} is not one"),
+    (["--mode", "typo.py"], None, "--mode needs a value: warn, strict or silent; 'typo.py' is not one"),
+    (["--mode", "no_main"], None, "--mode needs a value: warn, strict or silent; 'no_main' is not one"),
+    (["--mode", "--check"], None, "--mode needs a value: warn, strict or silent; '--check' is not one"),
+    (["--mode", "-m", "probe_runner_mod"], None, "--mode needs a value: warn, strict or silent; '-m' is"),
+    (["--mode", "loud"], None, "no program given"),  # neither an option nor a program
+    # --check does what it says and nothing else: what it would ignore is refused
+    (["--check", "extra"], None, "--check takes no arguments, got 'extra'"),
+    (["--check", "--mode", "silent"], None, "--check takes no arguments, got '--mode silent'"),
+    (["--mode", "silent", "--check"], None, "--check takes no --mode: it self-tests every mode, and "
+                                            "reports DEEPCOPY_SHIM as it is"),
+    (["--mode=silent", "--check", SCRIPT], None, "--check takes no --mode"),
 ])
 def test_a_usage_error_is_status_2_one_line_and_the_usage_and_runs_nothing(
         here: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -185,7 +199,7 @@ def test_version_and_check(here: Path, capsys: pytest.CaptureFixture[str],
 
     for status in (0, 1):
         monkeypatch.setattr(_doctor, "check", lambda status=status: status)
-        assert _runner.run(["--check", SCRIPT]) == status
+        assert _runner.run(["--check"]) == status
     assert not (here / "probe.json").exists() and not deepcopy_shim.is_enabled()
 
 
@@ -231,6 +245,81 @@ def test_main_exits_with_runs_status_and_returns_on_success(here: Path,
             _runner.main(args)
         assert exited.value.code == status
     capsys.readouterr()
+
+
+def test_a_bad_variable_the_start_up_hook_reported_is_not_reported_again(
+        here: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One complaint per process: after the start-up hook's line about DEEPCOPY_SHIM=loud, the
+    runner says only that it did not run the program, and how to."""
+    from deepcopy_shim import _bootstrap
+
+    monkeypatch.setenv("DEEPCOPY_SHIM", "loud")
+    monkeypatch.setattr(_bootstrap, "_reported", None)
+    assert _bootstrap.activate_from_environment() is None  # start-up, reading os.environ
+    assert _bootstrap.reported_at_startup("loud") and not _bootstrap.reported_at_startup("Loud")
+    assert _runner.run([SCRIPT]) == 2
+    startup, runner, usage = capsys.readouterr().err.splitlines()
+    assert startup.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM value 'loud'; valid values are")
+    assert runner == ("deepcopy_shim: the program was not run: fix or unset DEEPCOPY_SHIM, or pass "
+                      "--mode MODE, which overrides it")
+    assert usage.startswith("usage: ") and not (here / "probe.json").exists()
+    # another value than the one reported, or one passed in rather than read: said in full
+    monkeypatch.setenv("DEEPCOPY_SHIM", "louder")
+    assert _runner.run([SCRIPT]) == 2
+    assert "invalid DEEPCOPY_SHIM='louder' (valid: " in capsys.readouterr().err
+    monkeypatch.setattr(_bootstrap, "_reported", None)
+    assert _bootstrap.activate_from_environment({"DEEPCOPY_SHIM": "loud"}) is None
+    assert not _bootstrap.reported_at_startup("loud")
+    capsys.readouterr()
+
+
+def test_an_unhandled_exception_is_shown_from_the_programs_own_frames(
+        here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() lets the program's exception go on to the interpreter, whose report (the next
+    sys.excepthook call) starts at the program's first frame, as `python prog.py` shows it."""
+    shown: List[Any] = []
+
+    def programs_hook(kind: Any, value: BaseException, tb: Any) -> None:
+        shown.append((value, [entry.name for entry in traceback.extract_tb(tb)],
+                       [entry.name for entry in traceback.extract_tb(value.__traceback__)]))
+
+    monkeypatch.setattr(sys, "excepthook", programs_hook)
+    (here / "fails.py").write_text("def inner():\n    raise LookupError('boom')\ninner()\n")
+    with pytest.raises(LookupError) as raised:
+        _runner.main(["fails.py"])
+    assert sys.excepthook is not programs_hook  # installed for the interpreter's report
+    sys.excepthook(LookupError, raised.value, raised.value.__traceback__)
+    assert shown == [(raised.value, ["<module>", "inner"], ["<module>", "inner"])]
+    assert sys.excepthook is programs_hook  # one report, then the hook it found is back
+    # a SyntaxError runpy meets compiling the program: no frame at all, as python shows it
+    (here / "syntax.py").write_text("def (\n")
+    with pytest.raises(SyntaxError) as raised:
+        _runner.main(["syntax.py"])
+    sys.excepthook(SyntaxError, raised.value, raised.value.__traceback__)
+    assert shown[-1][1:] == ([], [])
+    # another exception reported first (a thread's, say) is shown whole, and the hook goes back
+    with pytest.raises(LookupError) as raised:
+        _runner.main(["fails.py"])
+    other = ValueError("not the program's")
+    sys.excepthook(ValueError, other, None)
+    assert shown[-1] == (other, [], []) and sys.excepthook is programs_hook
+
+
+def test_the_runners_own_failure_is_shown_whole(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepcopy_shim import _activation
+
+    def cannot(setting: Any) -> None:
+        raise RuntimeError("the patch cannot be installed")
+
+    shown: List[List[str]] = []
+    monkeypatch.setattr(sys, "excepthook",
+                        lambda kind, value, tb: shown.append([e.name for e in traceback.extract_tb(tb)]))
+    monkeypatch.setattr(_activation, "set_global", cannot)
+    with pytest.raises(RuntimeError, match="cannot be installed") as raised:
+        _runner.main([SCRIPT])
+    whole = [entry.name for entry in traceback.extract_tb(raised.value.__traceback__)]
+    sys.excepthook(RuntimeError, raised.value, raised.value.__traceback__)
+    assert shown == [whole] and whole[-3:] == ["main", "run", "cannot"]
 
 
 def test_without_arguments_run_reads_sys_argv(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -69,7 +69,8 @@ class _Page(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, _Page]:
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site's directory, built once."""
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("mkdocs is not installed (pip install -e '.[dev]')")
     out = tmp_path_factory.mktemp("site")
@@ -78,12 +79,17 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, _Page]:
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert build.returncode == 0, build.stdout + build.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(built: Path) -> Dict[str, _Page]:
     pages: Dict[str, _Page] = {}
-    for html in sorted(out.rglob("*.html")):
+    for html in sorted(built.rglob("*.html")):
         page = _Page()
         page.feed(html.read_text(encoding="utf-8"))
         page.close()
-        pages[str(html.relative_to(out))] = page
+        pages[str(html.relative_to(built))] = page
     assert "index.html" in pages and "api/index.html" in pages, sorted(pages)
     return pages
 
@@ -115,3 +121,20 @@ def test_no_link_to_a_repository_that_does_not_exist(site: Dict[str, _Page]) -> 
     found += [f"{name}: {text.strip()[:120]}" for name, page in site.items()
               for text in page.text if MISSING_HOME in text]
     assert not found, "\n".join(found)
+
+
+def test_output_blocks_wrap_and_code_blocks_keep_their_lines(built: Path) -> None:
+    """A block of output (```text: torch's refusal, a traceback) wraps at the page's width; code
+    keeps its lines.  The stylesheet picks the blocks by the language class each one carries."""
+    css = (built / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    rule = re.search(r"\.md-typeset \.language-text pre > code \{([^}]*)\}", css)
+    assert rule is not None and "white-space: pre-wrap" in rule.group(1), css
+    assert css.count("{") == 1  # that one rule: code blocks scroll, as the theme has them
+    blocks = 0
+    for html in sorted(built.rglob("*.html")):
+        text = html.read_text(encoding="utf-8")
+        assert "stylesheets/extra.css" in text, html
+        for classes in re.findall(r'<div class="([^"]*\bhighlight\b[^"]*)"', text):
+            assert re.search(r"\blanguage-\w+", classes), f"{html}: a block without its language"
+            blocks += "language-text" in classes
+    assert blocks >= 10  # torch's refusal on the home page, the real outputs of the modes...
