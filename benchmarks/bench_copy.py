@@ -24,6 +24,13 @@ slower than native; a bytes-bound model copied at the clone loop's speed).  ``--
 plan apart from the device: ``--device cpu --plan cuda --quick`` runs the GPU plan's code on the
 CPU, a dry run before a GPU run.
 
+After torch.compile.  Once ``torch.compile`` has run in a process, dynamo has wrapped
+``nn.Module.__init__`` and ``__setstate__`` there for good.  Both plans end with that: one compile
+of an unrelated small module (``backend="eager"``, seconds), then the module-heavy model and the
+transformer again, native deepcopy against the shim, judged against the same process's figures
+from before the compile; and a line telling whether the shim's copies carry dynamo's generation
+tag as native's do.
+
 How it measures.  Every method runs on the same model in the same process.  After one warm-up
 call of each method, each round calls every method once, in an order rotated from round to
 round, so that allocator and cache state (a first large allocation pays page faults that later
@@ -237,6 +244,8 @@ class Method:
 NATIVE, SHIM = "native deepcopy", "shim silent"
 FRESH, SAVE_LOAD = "state_dict -> fresh instance", "torch.save/load (BytesIO)"
 FLAT = "limit: one flat copy_ of the same bytes"
+# What the cases after torch.compile measure.
+AFTER_COMPILE_METHODS = (NATIVE, SHIM)
 
 
 def methods_for(
@@ -390,6 +399,8 @@ class Case:
     results: Dict[str, Result] = field(default_factory=dict)
     model_bytes: int = 0
     refused: bool = False  # every copy of it is refused: measured by its refusals
+    after_compile: bool = False  # run after torch.compile has run in this process
+    tagged: Dict[str, float] = field(default_factory=dict)  # after compile: method -> share tagged
 
     def ratio(self, numerator: str, denominator: str, regime: str) -> Optional[float]:
         """Median over rounds of time(numerator) / time(denominator); None if one failed (or
@@ -413,19 +424,40 @@ class Case:
         return min(limits, key=lambda r: r.median(regime)).method.name
 
 
+def generation_tagged(copied: nn.Module) -> float:
+    """The share of the modules in ``copied`` that carry dynamo's generation tag, which its
+    wrappers of ``nn.Module.__init__`` and ``__setstate__`` give every module made after the
+    first compile in a process (dynamo reads it to tell modules made inside a compiled call)."""
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    modules = list(copied.modules())
+    return sum(map(GenerationTracker.check, modules)) / len(modules)
+
+
+def compile_unrelated_module() -> None:
+    """One torch.compile, of a small module none of the models holds (eager backend: seconds,
+    on the CPU, on any machine); from then on dynamo's wrappers are in this process for good."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(nn.Linear(4, 4), backend="eager")(torch.randn(2, 4))
+
+
 def run_case(case: Case, device: torch.device, regimes: List[str], label: str, floors: bool) -> None:
     """Measure ``case``; with ``floors``, the floors of a copy on the device too (not on a
-    refused model)."""
+    refused model, nor after compile, where only native and the shim are measured)."""
     clock, peak = Clock(device), PeakMemory(device)
     started = time.perf_counter()
     print(f"\n== {label} {case.name}: started ({case.rounds} rounds per regime)", flush=True)
     obj = case.build()
     tensors = tensors_of(obj)
     case.model_bytes = model_bytes(tensors)
-    # The flat buffer's contents do not matter: a copy_ moves the bytes whatever they are.
-    flat = (torch.empty(case.model_bytes, dtype=torch.uint8, device=device)
-            if floors and not case.refused else None)
-    methods = methods_for(case.rebuild, tensors, case.refused, flat)
+    if case.after_compile:
+        methods = [m for m in methods_for(case.rebuild, tensors) if m.name in AFTER_COMPILE_METHODS]
+    else:
+        # The flat buffer's contents do not matter: a copy_ moves the bytes whatever they are.
+        flat = (torch.empty(case.model_bytes, dtype=torch.uint8, device=device)
+                if floors and not case.refused else None)
+        methods = methods_for(case.rebuild, tensors, case.refused, flat)
     live: List[Method] = []
     for method in methods:  # warm-up; methods that refuse this object are reported as such
         result = case.results[method.name] = Result(case.name, method)
@@ -455,6 +487,8 @@ def run_case(case: Case, device: torch.device, regimes: List[str], label: str, f
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             case.results[method.name].peak = peak.measure(method.fn, obj)
+        if case.after_compile:
+            case.tagged[method.name] = generation_tagged(method.fn(obj))
     set_shim(None)
     for method in live:
         r = case.results[method.name]
@@ -547,9 +581,10 @@ class Targets:
 
 
 def targets(cases: Dict[str, Case], series: List[str], plan: str = "cpu") -> List[Target]:
-    """The targets of ``plan``: "cpu" or "cuda"."""
+    """The targets of ``plan`` ("cpu" or "cuda"), then those of the cases after compile."""
     judge = Targets(cases, series)
     (cuda_targets if plan == "cuda" else cpu_targets)(judge)
+    after_compile_targets(judge)
     return judge.found
 
 
@@ -611,6 +646,27 @@ def cuda_targets(t: Targets) -> None:
     t.ratio("warn / silent", "module-heavy non-leaf", "shim warn", SHIM, 1.25, False)
     t.ratio("warn / silent", "transformer non-leaf", "shim warn", SHIM, 1.25, False)
     t.refusal("big refused")
+
+
+def after_compile_targets(t: Targets) -> None:
+    """After one torch.compile in the process, the shim keeps its gain over native (within 15%
+    of the same process's ratio before the compile) and is never slower than native; whether
+    its copies carry dynamo's generation tag as native's do is shown, not judged."""
+    for name in ("module-heavy", "transformer"):
+        after = f"{name} after compile"
+        fresh, later = t.cases.get(name), t.cases.get(after)
+        if later is None:
+            continue
+        if fresh is not None:
+            values: Dict[str, Optional[float]] = {}
+            for key in t.series:
+                a, b = later.ratio(NATIVE, SHIM, key), fresh.ratio(NATIVE, SHIM, key)
+                values[key] = None if a is None or b is None else a / b
+            t.found.append(Target(f"{after}: (native / shim) / the same before any compile",
+                                  values, 0.85, True))
+        t.ratio("shim / native (never slower)", after, SHIM, NATIVE, 1.05, False)
+        t.found.append(Target(f"{after}: share of the copy's modules with dynamo's generation tag",
+                              dict(later.tagged), 1.0, True, info_only=True, unit=""))
 
 
 # --- report -------------------------------------------------------------------------------
@@ -795,12 +851,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         Case("big refused", lambda: big_refused(big_layers, device), rounds(9), refused=True),
         Case("bare tensor", lambda: bare_tensor(device), rounds(41)),
         Case("dict of 1000 tensors", lambda: tensor_dict(device), rounds(31)),
+        # Last: the compile before them changes this process for good.
+        Case("module-heavy after compile", lambda: module_heavy().to(device), rounds(21),
+             after_compile=True),
+        Case("transformer after compile", lambda: transformer(enc_layers).to(device), rounds(7),
+             after_compile=True),
     ]
     only = {name.strip() for name in args.only.split(",") if name.strip()}
     cases = {c.name: c for c in all_cases if not only or c.name in only}
     regimes = pin_allocator() if device.type == "cpu" else ["warm"]
     started = time.perf_counter()
+    compiled = False
     for number, case in enumerate(cases.values(), 1):
+        if case.after_compile and not compiled:
+            began = time.perf_counter()
+            compile_unrelated_module()
+            compiled = True
+            print(f"\n== torch.compile of an unrelated module: {time.perf_counter() - began:.1f} s",
+                  flush=True)
         run_case(case, device, regimes, f"[{number}/{len(cases)}]", floors=args.plan == "cuda")
     series = [f"{regime} {clock}" for regime in regimes for clock in ("wall", "cpu")]
     found = targets(cases, series, args.plan)

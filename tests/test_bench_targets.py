@@ -104,3 +104,21 @@ def test_a_slower_shim_misses_the_never_slower_target(bench: ModuleType) -> None
     slower = dict(COPIES, **{"shim silent": 66.0})
     found = {t.text: t for t in bench.targets({"big": case(bench, "big", slower, KINDS)}, SERIES, "cuda")}
     assert not found["big: shim / native (never slower)"].passed("warm wall")
+
+
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+def test_after_compile_the_ratio_is_judged_against_the_same_process_before(bench: ModuleType,
+                                                                           plan: str) -> None:
+    fresh = case(bench, "module-heavy", COPIES, KINDS)
+    collapsed = case(bench, "module-heavy after compile",
+                     {"native deepcopy": 60.0, "shim silent": 59.0}, {})
+    collapsed.tagged = {"native deepcopy": 1.0, "shim silent": 0.0}
+    found = {t.text: t for t in bench.targets({"module-heavy": fresh, collapsed.name: collapsed},
+                                              SERIES, plan)}
+    kept = found["module-heavy after compile: (native / shim) / the same before any compile"]
+    assert kept.limit == 0.85 and kept.values["warm wall"] == pytest.approx((60 / 59) / (60 / 28))
+    assert not kept.passed("warm wall")  # the module copier's gain is lost after compile
+    assert all(map(found["module-heavy after compile: shim / native (never slower)"].passed, SERIES))
+    tag = found["module-heavy after compile: share of the copy's modules with dynamo's generation tag"]
+    assert tag.info_only and tag.values == {"native deepcopy": 1.0, "shim silent": 0.0}
+    assert "shim silent 0.00" in tag.line()
