@@ -775,6 +775,10 @@ def write_plot(cases: Dict[str, Case], key: str, out: Path) -> None:
         methods += [m for m in case.results if m not in methods]
     fig, ax = plt.subplots(figsize=(11, 1.5 + 1.1 * len(names)))
     height = 0.8 / len(methods)
+    # One colour per method, for up to 20: tab20's strong shades (tab10's colours) first, then
+    # its light ones (the default cycle has ten, and the GPU's plan measures more methods).
+    palette = plt.get_cmap("tab20")  # called with an int: that colour of its twenty
+    colours = [palette(i) for i in (*range(0, 20, 2), *range(1, 20, 2))]
     for i, method in enumerate(methods):
         ys, xs = [], []
         for j, case in enumerate(cases.values()):
@@ -782,7 +786,7 @@ def write_plot(cases: Dict[str, Case], key: str, out: Path) -> None:
             if r is not None and not r.error:
                 ys.append(j + i * height)
                 xs.append(r.median(key) * 1e3)
-        ax.barh(ys, xs, height=height, label=method)
+        ax.barh(ys, xs, height=height, label=method, color=colours[i % len(colours)])
     ax.set_yticks([j + 0.4 - height / 2 for j in range(len(names))])
     ax.set_yticklabels(names)
     ax.invert_yaxis()
@@ -790,9 +794,9 @@ def write_plot(cases: Dict[str, Case], key: str, out: Path) -> None:
     ax.set_xlabel(f"median time per copy, {key} (ms, log scale)")
     threads = f"{torch.get_num_threads()} thread" + ("s" if torch.get_num_threads() > 1 else "")
     ax.set_title(f"Copying models: torch {torch.__version__}, {threads}")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, not on them
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
 
 
 # --- main ---------------------------------------------------------------------------------
