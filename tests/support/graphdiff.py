@@ -6,6 +6,9 @@ tensor metadata and values, which tensors share storage, which objects are the s
 (ties, shared submodules, cycles, hooks bound to the copy), what is shared with the source, and
 any storage shared with the source.  ``tests/test_fidelity.py`` plants each kind of difference
 and checks that the differ reports it.
+
+Where native deepcopy refuses the source (it holds tensors with autograd history), the reference
+is the *detaching oracle* instead (:func:`detaching_deepcopy`, :func:`assert_same_as_oracle`).
 """
 
 from __future__ import annotations
@@ -240,3 +243,46 @@ def assert_same_as_native(source: Any, mode: str = "silent") -> GraphDiff:
     diff.check()
     return diff
 
+
+
+def detaching_deepcopy(source: Any) -> Any:
+    """The detaching oracle: native deepcopy of ``source``, where each tensor with history ``t``
+    is copied as torch copies its detached alias ``t.detach()``, then given ``t.requires_grad``.
+
+    This is what the shim must make in modes silent and warn.  The alias is copied through the
+    copy's own memo, so tensors with history that view one storage still view one storage in the
+    copy, as leaves do natively; a tensor sharing its storage with no other tensor is copied as
+    ``t.detach().clone().requires_grad_(t.requires_grad)``.  ``Tensor.__deepcopy__`` is replaced
+    by that stand-in for the duration of the copy, so the shim must be off.
+    """
+    assert not deepcopy_shim.is_enabled()
+    original = vars(torch.Tensor)["__deepcopy__"]
+
+    def detaching(self: torch.Tensor, memo: Dict[Any, Any]) -> torch.Tensor:
+        if self.is_leaf:
+            return original(self, memo)  # type: ignore[no-any-return]
+        if id(self) in memo:
+            return memo[id(self)]  # type: ignore[no-any-return]
+        alias = self.detach()
+        memo.setdefault(id(memo), []).append(alias)  # alive until the copy ends: its id stays its own
+        made = original(alias, memo).requires_grad_(self.requires_grad)
+        memo[id(self)] = made
+        return made  # type: ignore[no-any-return]
+
+    torch.Tensor.__deepcopy__ = detaching  # type: ignore[method-assign]
+    try:
+        return copy.deepcopy(source)
+    finally:
+        torch.Tensor.__deepcopy__ = original  # type: ignore[method-assign]
+
+
+def assert_same_as_oracle(source: Any, mode: str = "silent") -> GraphDiff:
+    """Copy ``source`` with the detaching oracle and with the shim; raise :class:`Mismatch` where
+    they differ (its messages call the oracle's copy "native").  For sources native deepcopy
+    refuses; where it copies, the oracle's copy is native's."""
+    oracle = detaching_deepcopy(source)
+    with deepcopy_shim.enabled(mode):
+        shim = copy.deepcopy(source)
+    diff = GraphDiff(source, oracle, shim)
+    diff.check()
+    return diff
