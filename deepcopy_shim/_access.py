@@ -141,25 +141,27 @@ class Locator:
             link = link[1]
         way.reverse()  # from the highest node down to `node`
         last = len(way) - 1
-        # The first step: from whichever located node reaches furthest down, by fewest steps.
-        best: Optional[Tuple[int, int, str]] = None  # (-index reached, steps, path)
-        for at in (last - i for i in anchors):
-            anchor, path, steps = located[id(way[at][0])]
-            for ahead in range(min(last, at + _LOOKAHEAD), at, -1):
-                step = self._spelled_step(anchor, way[ahead][0])
-                if step is not None:
-                    if best is None or (-ahead, steps + 1) < best[:2]:
-                        best = (-ahead, steps + 1, path + step)
-                    break
         nearest = last - anchors[0]
-        if best is None:
-            anchor, path, steps = located[id(way[nearest][0])]
-            index = nearest + 1
-        else:
-            index = -best[0]
-            anchor, path, steps = way[index][0], best[2], best[1]
-            located[id(anchor)] = (anchor, path, steps)
-            index += 1
+        # The first step: to the furthest object of the way one step of access reaches from a
+        # located node, from the one whose path has the fewest steps.
+        starts = sorted((located[id(way[at][0])][2], at) for at in (last - i for i in anchors))
+        index = nearest + 1
+        anchor, path, steps = located[id(way[nearest][0])]
+        for ahead in range(last, nearest, -1):
+            obj = way[ahead][0]
+            for count, at in starts:
+                if not at < ahead <= at + _LOOKAHEAD:
+                    continue
+                parent, parent_path, _ = located[id(way[at][0])]
+                raw = self._raw_step(parent, obj)
+                step = None if raw is None else _spell(parent, raw)
+                if step is not None:
+                    anchor, path, steps = obj, parent_path + step, count + 1
+                    located[id(obj)] = (obj, path, steps)
+                    index = ahead + 1
+                    break
+            if index != nearest + 1:
+                break
         while index <= last:
             window = min(last, index + _LOOKAHEAD)
             for ahead in range(window, index - 1, -1):
@@ -190,11 +192,15 @@ class Locator:
             anchor, path, index = way[ahead][0], reached, ahead + 1
         return path, None
 
-    def _spelled_step(self, parent: Any, child: Any) -> Optional[str]:
-        """One step of Python access from `parent` to `child`, spelled; None if there is none."""
+    def _raw_step(self, parent: Any, child: Any) -> Optional[_Raw]:
+        """One step of Python access from `parent` to `child`, not yet spelled; None if none."""
         # A parent searched twice has a table (see _step).
         table = self._tables.get(id(parent))
-        raw = table.get(id(child)) if table is not None else self._step(parent, child)
+        return table.get(id(child)) if table is not None else self._step(parent, child)
+
+    def _spelled_step(self, parent: Any, child: Any) -> Optional[str]:
+        """One step of Python access from `parent` to `child`, spelled; None if there is none."""
+        raw = self._raw_step(parent, child)
         return None if raw is None else _spell(parent, raw)
 
     def _reachable(self, anchor: Any) -> Dict[int, Tuple[Any, str, int]]:

@@ -70,8 +70,11 @@ class DispatchTable(dict):  # type: ignore[type-arg]
         copy_ = _current()
         if copy_ is not None and copy_.open:
             if copy_.chain is _scope_chain():  # an object of the copy running here
-                if found is None:
-                    copier = copier_for(cls, copy_)
+                if found is None:  # (copier_for, written out: it runs for every such object)
+                    if copy_.survey is None:
+                        copier = copy_module if issubclass(cls, _Module) else None
+                    else:
+                        copier = copy_.survey.copier_for(cls)
                     if copier is not None and _getframe(1).f_code is _DEEPCOPY_CODE:
                         return copier
                 return found

@@ -76,9 +76,13 @@ def _own_deepcopy(module: Any, cls: Any) -> Any:
             and cls.__getattr__ is _MODULE_GETATTR  # type: ignore[attr-defined]
             and getattr(cls, "__deepcopy__", None) is None):
         state = module.__dict__
-        if "__deepcopy__" not in state and not any(
-                "__deepcopy__" in (state.get(store) or ()) for store in _MODULE_STORES):
-            return None
+        if "__deepcopy__" not in state:
+            for store in _MODULE_STORES:
+                members = state.get(store)
+                if members and "__deepcopy__" in members:
+                    break
+            else:
+                return None
     return getattr(module, "__deepcopy__", None)
 
 

@@ -54,7 +54,7 @@ class Copy:
     """One top-level copy: its root, memo and setting, the frame that started it, and the
     tensors with history it met, in order.
 
-    Made and closed by the call that starts the copy (`_dispatch.copy_root`, or `_tensor` for a
+    Made and closed by the call that starts the copy (`DispatchTable.copy_root`, or `_tensor` for a
     tensor copied by a direct call); between the two it is this context's current copy (see
     `opened`).  Closing it lets go of the frames it walked; `met` and the nodes stay for its
     report, which its owner makes and then drops.

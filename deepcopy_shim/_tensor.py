@@ -198,8 +198,14 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
                 raise
             return copied
 
+    current = _record.current
+    scope_chain = _modes.scope_chain
+
     def bound_deepcopy(self: torch.Tensor, memo: Dict[Any, Any]) -> Any:
-        copy_ = current_copy()
+        # current_copy(), written out: this runs for every tensor a copy meets.
+        copy_ = current()
+        if copy_ is not None and (not copy_.open or copy_.chain is not scope_chain()):
+            copy_ = None
         if copy_ is None:
             if _current_setting() is None:  # pragma: no cover - the descriptor binds torch's own
                 return original(self, memo)
