@@ -1,12 +1,13 @@
-"""Same-run A/B timing of the module copier: this checkout's `_module` against a git ref's.
+"""Same-run A/B timing of a module copy: this checkout's deepcopy-shim against a git ref's.
 
-Issue 18's ratios, each measured within one process, the methods alternated round by round
-(order rotated), `gc.collect()` before every timed call, one torch thread; reported: the
-median over rounds of the per-round ratio, and each method's median time.
+Each ratio is measured within one process, the methods alternated round by round (order
+rotated), `gc.collect()` before every timed call, one torch thread; reported: the median over
+rounds of the per-round ratio, and each method's median time.
 
-    .venv/bin/python benchmarks/ab_module.py                 # all cases, against main
+    .venv/bin/python benchmarks/ab_module.py --ref 1fdfd7a          # all cases, against 1fdfd7a
     .venv/bin/python benchmarks/ab_module.py --ref HEAD~1 --rounds 41 --cases module-heavy
-    .venv/bin/python benchmarks/ab_module.py --clock cpu     # process CPU time, not wall time
+    .venv/bin/python benchmarks/ab_module.py --clock cpu           # process CPU time, not wall time
+    .venv/bin/python benchmarks/ab_module.py --after-compile       # and again after torch.compile
     .venv/bin/python benchmarks/ab_module.py --blocks 1000 --dict-n 10000 --big-width 1024
 
 Cases: module-heavy (`--blocks` x [Linear(16, 16), LayerNorm(16), ReLU]), module-heavy non-leaf
@@ -16,9 +17,12 @@ Linear(`--big-width`, `--big-width`)).  "floor" and "protocol floor" (module-hea
 `floor_module_heavy.copy_model` and `copy_model_with_protocol`, "clone"
 `untyped_storage().clone()` of every tensor.
 
-"old" is `deepcopy_shim/_module.py` as committed at `--ref` (loaded from `git show`), "new" is
-the working tree's; both are installed as `nn.Module.__deepcopy__` in turn, with the same
-tensor patch beneath them.  "native" is `copy.deepcopy` with the patch removed.
+"old" is the package `deepcopy_shim` as committed at `--ref` (extracted with `git archive` and
+imported under another name), "new" is the working tree's; each is enabled in turn, between
+timed calls, never inside one.  "native" is `copy.deepcopy` with both disabled.  With
+`--after-compile`, one `torch.compile` of an unrelated module runs after every case (it changes
+the process for good: dynamo wraps `nn.Module.__init__` and `__setstate__`), and the cases are
+measured again.
 """
 
 from __future__ import annotations
@@ -26,14 +30,17 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import importlib.util
+import importlib
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import warnings
+from io import BytesIO
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -41,7 +48,6 @@ import torch.nn as nn
 from floor_module_heavy import copy_model, copy_model_with_protocol, module_heavy
 
 import deepcopy_shim
-from deepcopy_shim import _modes, _patch
 
 try:
     import copium
@@ -50,21 +56,19 @@ except ImportError:
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+OLD_NAME = "deepcopy_shim_at_ref"
 
 
-def load_old(ref: str) -> Any:
-    source = subprocess.run(
-        ["git", "show", f"{ref}:deepcopy_shim/_module.py"], cwd=ROOT, check=True,
-        capture_output=True, text=True,
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "_module_old.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("deepcopy_shim._module_old", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def load_old(ref: str) -> ModuleType:
+    """The package `deepcopy_shim` as committed at `ref`, imported as `deepcopy_shim_at_ref`."""
+    archive = subprocess.run(["git", "archive", ref, "deepcopy_shim"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    where = Path(tempfile.mkdtemp())
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(where)
+    (where / "deepcopy_shim").rename(where / OLD_NAME)
+    sys.path.insert(0, str(where))
+    return importlib.import_module(OLD_NAME)
 
 
 # --- models -------------------------------------------------------------------------------
@@ -106,34 +110,23 @@ def tensors_of(obj: Any) -> List[torch.Tensor]:
 
 
 class Switch:
-    """Puts torch and the shim in a state (patch or not, mode, which module copier) before a
-    timed call, by writing the two class attributes directly: no re-install between calls."""
+    """Puts torch in a state (native, or one package enabled in a mode) before a timed call."""
 
-    def __init__(self, old: Any) -> None:
-        self.settings = {}
-        for mode in ("warn", "silent"):
-            deepcopy_shim.enable(mode)
-            self.settings[mode] = _modes.global_setting()
-        self.patch = _patch._installed
-        assert self.patch is not None
-        self.copiers = {"new": self.patch.module_patch, "old": old.ModuleDeepcopy()}
+    def __init__(self, old: ModuleType) -> None:
+        self.packages = {"new": deepcopy_shim, "old": old}
 
     def native(self) -> None:
-        torch.Tensor.__deepcopy__ = self.patch.original  # type: ignore[method-assign]
-        if "__deepcopy__" in vars(nn.Module):
-            del nn.Module.__deepcopy__
+        for package in self.packages.values():
+            package.disable()
 
     def shim(self, mode: str, which: str) -> Callable[[], None]:
         def setup() -> None:
-            torch.Tensor.__deepcopy__ = self.patch.tensor_patch  # type: ignore[method-assign]
-            nn.Module.__deepcopy__ = self.copiers[which]  # type: ignore[attr-defined]
-            _modes.swap_global(self.settings[mode])
+            self.native()
+            self.packages[which].enable(mode)
         return setup
 
     def restore(self) -> None:
-        torch.Tensor.__deepcopy__ = self.patch.tensor_patch  # type: ignore[method-assign]
-        nn.Module.__deepcopy__ = self.patch.module_patch  # type: ignore[attr-defined]
-        _modes.swap_global(self.settings["silent"])
+        self.native()
 
 
 Method = Tuple[str, Callable[[], None], Callable[[Any], Any]]
@@ -173,7 +166,7 @@ RATIOS: Dict[str, List[Tuple[str, str]]] = {
 }
 
 
-def run(case: str, obj: Any, switch: Switch, rounds: int, clock: str) -> None:
+def run(case: str, obj: Any, switch: Switch, rounds: int, clock: str, when: str = "") -> None:
     tensors = tensors_of(obj)
     ms = methods(switch, case, tensors)
     timer = time.process_time if clock == "cpu" else time.perf_counter
@@ -193,7 +186,7 @@ def run(case: str, obj: Any, switch: Switch, rounds: int, clock: str) -> None:
                 times[name].append(timer() - start)
                 del out
     switch.restore()
-    print(f"{case} ({clock} time, {rounds} rounds, {len(tensors)} tensors, "
+    print(f"{case}{when} ({clock} time, {rounds} rounds, {len(tensors)} tensors, "
           f"{sum(1 for _ in obj.modules()) if isinstance(obj, nn.Module) else 0} modules)")
     for name in times:
         print(f"  {name:>14}: {statistics.median(times[name]) * 1e3:8.2f} ms")
@@ -205,7 +198,7 @@ def run(case: str, obj: Any, switch: Switch, rounds: int, clock: str) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--ref", default="main")
+    parser.add_argument("--ref", default="main", help="the git ref whose package is 'old'")
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--cases", default="module-heavy,module-heavy non-leaf,dict,big")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
@@ -214,6 +207,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--big-width", type=int, default=2048, help="big: Linear(width, width)")
     parser.add_argument("--dict-n", type=int, default=1000, help="dict: how many tensors")
     parser.add_argument("--dict-size", type=int, default=8, help="dict: floats per tensor")
+    parser.add_argument("--after-compile", action="store_true",
+                        help="measure every case again after one torch.compile in this process")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     old = load_old(args.ref)
@@ -224,10 +219,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         "dict": lambda: tensor_dict(args.dict_n, args.dict_size),
         "big": lambda: big(args.big_layers, args.big_width),
     }
-    for case in args.cases.split(","):
-        rounds = args.rounds if case != "big" else max(5, args.rounds // 3)
-        run(case, builders[case](), switch, rounds, args.clock)
-    deepcopy_shim.disable()
+    passes = [""] + ([" after torch.compile"] if args.after_compile else [])
+    for when in passes:
+        if when:
+            switch.native()
+            torch.compile(nn.Linear(4, 4), backend="eager")(torch.randn(2, 4))
+        for case in args.cases.split(","):
+            rounds = args.rounds if case != "big" else max(5, args.rounds // 3)
+            run(case, builders[case](), switch, rounds, args.clock, when)
+    switch.restore()
     return 0
 
 

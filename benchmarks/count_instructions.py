@@ -10,9 +10,8 @@ next replaces it is counted (alike for every method).  Needs valgrind; ~1 minute
     .venv/bin/python benchmarks/count_instructions.py --case non-leaf --mode warn --ref main
     .venv/bin/python benchmarks/count_instructions.py --method floor      # the hand-written floor
 
-`--ref` copies modules with `deepcopy_shim/_module.py` as committed there (see ab_module.py);
-without it, with this checkout's.  `--mode native` removes nothing: it copies with the shim
-disabled.
+`--ref` copies with the package `deepcopy_shim` as committed there (see ab_module.py); without
+it, with this checkout's.  `--mode native` removes nothing: it copies with the shim disabled.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ def inner(args: argparse.Namespace) -> None:
     import warnings
 
     import torch
-    import torch.nn as nn
 
     import deepcopy_shim
 
@@ -55,9 +53,7 @@ def inner(args: argparse.Namespace) -> None:
     if args.method == "floor":
         fn = floor_module_heavy.copy_model
     elif args.mode != "native":
-        deepcopy_shim.enable(args.mode)
-        if args.ref:
-            nn.Module.__deepcopy__ = ab_module.load_old(args.ref).ModuleDeepcopy()  # type: ignore[attr-defined]
+        (ab_module.load_old(args.ref) if args.ref else deepcopy_shim).enable(args.mode)
     fn(obj)
     gc.collect()
     gc.disable()
@@ -69,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--case", choices=("module-heavy", "non-leaf", "dict"), default="module-heavy")
     parser.add_argument("--mode", choices=("silent", "warn", "strict", "native"), default="silent")
     parser.add_argument("--method", choices=("deepcopy", "floor"), default="deepcopy")
-    parser.add_argument("--ref", default=None, help="copy modules with _module.py of this git ref")
+    parser.add_argument("--ref", default=None, help="copy with the package as at this git ref")
     parser.add_argument("--blocks", type=int, default=100)
     parser.add_argument("--dict-n", type=int, default=1000)
     parser.add_argument("--copies", type=int, default=5)

@@ -18,6 +18,7 @@ refused).
 
     .venv/bin/python benchmarks/shared_memo.py              # n = 2000
     .venv/bin/python benchmarks/shared_memo.py --n 8000 --rounds 3
+    .venv/bin/python benchmarks/shared_memo.py --cases depth --n 1000
 """
 
 from __future__ import annotations
@@ -96,9 +97,21 @@ def _depth(n: int, history: bool) -> Callable[[], None]:
 
 def _timed(run: Callable[[], None]) -> float:
     gc.collect()
-    _timed.start = time.perf_counter()  # type: ignore[attr-defined]
-    run()
-    return time.perf_counter() - _timed.start  # type: ignore[attr-defined]
+    if NO_GC:
+        gc.disable()
+    try:
+        _timed.start = time.perf_counter()  # type: ignore[attr-defined]
+        run()
+        return time.perf_counter() - _timed.start  # type: ignore[attr-defined]
+    finally:
+        gc.enable()
+
+
+# --no-gc: the cyclic garbage collector off during each timed call.  Its full passes scan every
+# object alive, so a copy that allocates n objects while m are alive pays about n * m / 700 in
+# them: at depth 2000 that is a third of warn's time (the frames and nodes of the way to each
+# tensor, held until the copy ends), and it is the collector's growth, not the copy's.
+NO_GC = False
 
 
 def _arm(case: Callable[[int, bool], Callable[[], None]], mode: str, n: int) -> float:
@@ -115,9 +128,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=2000, help="the smaller size")
     parser.add_argument("--rounds", type=int, default=5, help="median of this many rounds")
+    parser.add_argument("--cases", default="copies,tensors,memo entries,depth",
+                        help="which sizes to double, comma-separated")
+    parser.add_argument("--no-gc", action="store_true",
+                        help="the garbage collector off during each timed call")
     args = parser.parse_args()
+    global NO_GC
+    NO_GC = args.no_gc
     torch.set_num_threads(1)
-    cases = {"copies": _copies, "tensors": _tensors, "memo entries": _memo_entries, "depth": _depth}
+    every = {"copies": _copies, "tensors": _tensors, "memo entries": _memo_entries, "depth": _depth}
+    cases = {name: every[name] for name in args.cases.split(",")}
     print(f"{'size doubled':<13} {'mode':<7} {'n':>7} {'time':>10} {'2n':>10} {'2n / n':>7}")
     for name, case in cases.items():
         for mode in MODES:
