@@ -258,11 +258,7 @@ def _code_lines(page: Path) -> List[str]:
     return long
 
 
-@pytest.mark.parametrize("page", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="six python lines of modes.md"
-                                            " are 83-98 characters, to be fitted with its rewrite"))
-    if p.name == "modes.md" else p
-    for p in sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
 def test_code_lines_fit_the_page(page: Path) -> None:
     """A code block's line longer than the page is cut off at 1280 px: every one fits."""
     assert _code_lines(page) == []
