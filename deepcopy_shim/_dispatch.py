@@ -68,17 +68,16 @@ class DispatchTable(dict):  # type: ignore[type-arg]
         # Only `copy.deepcopy`'s own question is answered otherwise: whoever else asks the
         # table (a copier of its own, monkeypatch) gets its entries as they are.
         copy_ = _current()
-        if copy_ is not None and copy_.open:
-            if copy_.chain is _scope_chain():  # an object of the copy running here
-                if found is None:  # (copier_for, written out: it runs for every such object)
-                    if copy_.survey is None:
-                        copier = copy_module if issubclass(cls, _Module) else None
-                    else:
-                        copier = copy_.survey.copier_for(cls)
-                    if copier is not None and _getframe(1).f_code is _DEEPCOPY_CODE:
-                        return copier
-                return found
-            if copy_.survey is not None and _getframe(1).f_code is _DEEPCOPY_CODE:
+        if copy_ is not None and copy_.chain is _scope_chain() and copy_.open:
+            # An object of the copy running here: the table's entry, or the shim's copier for
+            # a module or a survey's tensor (copier_for, written out: this runs for every one).
+            if found is None and (copy_.survey is not None or issubclass(cls, _Module)):
+                copier = copier_for(cls, copy_)
+                if copier is not None and _getframe(1).f_code is _DEEPCOPY_CODE:
+                    return copier
+            return found
+        if copy_ is not None and copy_.survey is not None and copy_.open:
+            if _getframe(1).f_code is _DEEPCOPY_CODE:
                 return self.copy_root  # a scope entered during a survey is surveyed too
         scope = _scope_chain()
         if scope is None:
