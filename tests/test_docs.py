@@ -237,7 +237,8 @@ def test_the_performance_pages_figures_are_the_generated_benchmarks() -> None:
         assert shim_row[3].startswith(cells[5]), line
         quoted += 1
     assert quoted == 7
-    assert "<!-- after-compile figures: filled in by the lead -->" in section
+    cpu_after = cpu["module-heavy after compile | shim silent"][1]
+    assert f"module-heavy {shim[1]} native before, {cpu_after} after" in flat
     assert "benchmarks/bench_copy.py --device cuda" in section and "benchmarks/gpu_check.sh" in section
 
 
