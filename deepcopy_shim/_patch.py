@@ -58,15 +58,13 @@ class _Patch:
         import torch
 
         from ._dispatch import DispatchTable
-        from ._tensor import make_tensor_deepcopy_wrapper, refusal_problem, stable_function_wrapper
+        from ._tensor import refusal_problem, tensor_patch
 
         # Typed as Any: the point is to assign attributes the type checker knows as methods.
         self.tensor_cls: Any = torch.Tensor
         self.original = vars(self.tensor_cls)["__deepcopy__"]
         self.problem = refusal_problem(self.original)
-        self.tensor_patch = stable_function_wrapper(
-            self.original, *make_tensor_deepcopy_wrapper(self.original, holding)
-        )
+        self.tensor_patch = tensor_patch(self.original, holding)
         self.table = copy._deepcopy_dispatch  # type: ignore[attr-defined]
         if not isinstance(self.table, dict):
             raise RuntimeError(

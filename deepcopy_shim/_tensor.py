@@ -22,6 +22,7 @@ __all__ = [
     "REFUSAL",
     "StableFunctionWrapper",
     "stable_function_wrapper",
+    "tensor_patch",
     "copy_detached",
     "make_tensor_deepcopy_wrapper",
     "neutral_torch",
@@ -58,6 +59,23 @@ class StableFunctionWrapper(wrapt.FunctionWrapper):  # type: ignore[type-arg]
     """
 
     _self_bound: Callable[..., Any]  # the function instances bind where a mode applies
+
+
+def tensor_patch(original: Callable[..., Any],
+                 hold: Callable[[], ContextManager[Any]]) -> StableFunctionWrapper:
+    """The patch of `Tensor.__deepcopy__` around torch's `original` (see
+    `make_tensor_deepcopy_wrapper`), made once per function and process: its class is made with
+    it, and a class lives in a reference cycle of its own, which a patch made at every install
+    would leave to the garbage collector at every `deepcopy_shim.deepcopy()` call."""
+    known = _patches.get(id(original))
+    if known is None or known[0] is not original or known[1] is not hold:
+        known = _patches[id(original)] = (
+            original, hold, stable_function_wrapper(original, *make_tensor_deepcopy_wrapper(original, hold)))
+    return known[2]
+
+
+# id(torch's function) -> (that function, hold, its patch): see tensor_patch.
+_patches: Dict[int, Tuple[Callable[..., Any], Callable[[], ContextManager[Any]], StableFunctionWrapper]] = {}
 
 
 def stable_function_wrapper(wrapped: Callable[..., Any], wrapper: Callable[..., Any],
