@@ -83,14 +83,15 @@ def stable_function_wrapper(wrapped: Callable[..., Any], wrapper: Callable[..., 
     """A `StableFunctionWrapper` of `wrapped` (with wrapt's `wrapper`, for calls through the
     class) whose instances bind `bound`."""
     current_setting, surveying, running = _current_setting, _surveying, _record.current
+    scope_chain = _modes.scope_chain
 
     class Bound(StableFunctionWrapper):
         def __get__(self, instance: Any, owner: Any = None) -> Any:
             if instance is None:
                 return self
             copy_ = running()
-            if copy_ is not None and copy_.open:  # in a copy the shim runs: asked first, fastest
-                return MethodType(bound, instance)
+            if copy_ is not None and copy_.open and copy_.chain is scope_chain():
+                return MethodType(bound, instance)  # in a copy the shim runs: asked first
             if current_setting() is None and not surveying():
                 return MethodType(wrapped, instance)
             return MethodType(bound, instance)
@@ -238,7 +239,7 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
         if copy_ is not None and (not copy_.open or copy_.chain is not scope_chain()):
             copy_ = None
         if copy_ is None:
-            if _current_setting() is None:  # pragma: no cover - the descriptor binds torch's own
+            if _current_setting() is None:  # (a scope without the shim, entered in a survey)
                 return original(self, memo)
             return _copy_alone(original, hold, self, memo, sys._getframe(1))
         if copy_.survey is not None:

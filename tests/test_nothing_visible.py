@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List
 import pytest
 import torch
 import torch.nn as nn
-from support.models import ORIGINAL_MODULE_ATTRS, module_attrs, with_history
+from support.models import ORIGINAL_MODULE_ATTRS, ORIGINAL_TENSOR_DEEPCOPY, module_attrs, with_history
 from support.processes import DEV_PYTHON, clean_env, describe, run, run_code, same_code_env
 
 import deepcopy_shim
@@ -304,3 +304,19 @@ def test_a_module_root_in_a_mode_copies_as_natively(another_thread_in_a_scope: N
         made = copy.deepcopy(model)
     assert made.cached.is_leaf and made.fc.weight is not model.fc.weight
 
+
+
+def test_a_tensor_in_a_scope_without_the_shim_inside_a_copy_binds_torchs_own_function() -> None:
+    """Inside a copy the shim runs, a `__deepcopy__` that enters `enabled("off")` sees tensors
+    as natively: `t.__deepcopy__` is torch's own function, bound."""
+    seen: List[Any] = []
+
+    class LooksInside:
+        def __deepcopy__(self, memo: Dict[int, Any]) -> str:
+            with deepcopy_shim.enabled("off"):
+                seen.append(torch.ones(1).__deepcopy__.__func__)
+            return "looked"
+
+    with deepcopy_shim.enabled("silent"):
+        copy.deepcopy([LooksInside(), with_history()])
+    assert seen == [ORIGINAL_TENSOR_DEEPCOPY]
