@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 import textwrap
 import threading
 from typing import Any, Callable, Dict, Iterator, List
@@ -23,7 +24,13 @@ from typing import Any, Callable, Dict, Iterator, List
 import pytest
 import torch
 import torch.nn as nn
-from support.models import ORIGINAL_MODULE_ATTRS, ORIGINAL_TENSOR_DEEPCOPY, module_attrs, with_history
+from support.models import (
+    ORIGINAL_MODULE_ATTRS,
+    ORIGINAL_TENSOR_DEEPCOPY,
+    TORCH_VERSION,
+    module_attrs,
+    with_history,
+)
 from support.processes import DEV_PYTHON, clean_env, describe, run, run_code, same_code_env
 
 import deepcopy_shim
@@ -165,6 +172,13 @@ def test_state_dict_stager_gets_natives_result_in_every_mode(mode: str, cached: 
     assert shim == native
 
 
+# torch.compile runs on Python 3.11 from torch 2.1, on 3.12 from 2.4, on 3.13 from 2.6 (torch 2.0
+# raises "Python 3.11+ not yet supported for torch.compile").
+needs_compile = pytest.mark.skipif(
+    TORCH_VERSION < {(3, 9): (2, 0), (3, 10): (2, 0), (3, 11): (2, 1), (3, 12): (2, 4)}.get(
+        sys.version_info[:2], (2, 6)),
+    reason="torch.compile does not run on this Python with this torch")
+
 _COMPILE_PRELUDE = """
 import threading, torch, torch.nn as nn, deepcopy_shim
 def compile_once():
@@ -178,6 +192,7 @@ def _child(code: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+@needs_compile
 def test_torch_compile_compiles_while_another_thread_holds_a_scope() -> None:
     out = _child("""
         entered, leave = threading.Event(), threading.Event()
@@ -195,6 +210,7 @@ def test_torch_compile_compiles_while_another_thread_holds_a_scope() -> None:
     assert out == "[2.0, 2.0] torch.Size([4, 4])"
 
 
+@needs_compile
 def test_torch_compile_compiles_under_enable_and_a_local_off_scope() -> None:
     out = _child("""
         deepcopy_shim.enable("warn")
@@ -204,6 +220,7 @@ def test_torch_compile_compiles_under_enable_and_a_local_off_scope() -> None:
     assert out == "[2.0, 2.0]"
 
 
+@needs_compile
 def test_torch_compile_compiles_in_a_test_marked_off_under_the_pytest_option(tmp_path: Any) -> None:
     test_file = tmp_path / "test_compile_off.py"
     test_file.write_text(textwrap.dedent("""
@@ -222,6 +239,7 @@ def test_torch_compile_compiles_in_a_test_marked_off_under_the_pytest_option(tmp
     assert done.returncode == 0 and "2 passed" in done.stdout, describe(done)
 
 
+@needs_compile
 def test_copies_made_after_torch_compile_carry_dynamos_generation_tag_in_every_mode() -> None:
     out = _child("""
         import copy
