@@ -561,9 +561,9 @@ class Targets:
         ))
 
     def refusal(self, case: str) -> None:
-        """A strict refusal costs what torch's own refusal costs: it is raised where torch
-        raises, and its message (every tensor the copy would meet) is made without copying any
-        data."""
+        """A strict refusal costs torch's own refusal plus its message: it is raised where
+        torch raises, and its message (every tensor the copy would meet) is made as the copy
+        ends, without copying any data."""
         c = self.cases.get(case)
         if c is None:
             return

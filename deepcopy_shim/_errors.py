@@ -8,7 +8,6 @@ with `deepcopy_shim`), or `error::deepcopy_shim.DeepcopyShimWarning` in pytest's
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
@@ -16,6 +15,9 @@ from ._modes import Mode
 
 if TYPE_CHECKING:
     import torch
+
+# What a refusal says: its message, paths and tensors (weak references).
+_Report = Tuple[str, Tuple[str, ...], Tuple[Any, ...]]
 
 __all__ = [
     "DeepcopyShimWarning",
@@ -81,13 +83,14 @@ class NonLeafTensorError(RuntimeError):
     torch's error as `__cause__`: a `RuntimeError` like torch's, so code that catches the
     refusal (`except RuntimeError`, inside a copy or around it) behaves as without the shim,
     and the message keeps torch's words ("graph leaves").  No part of the copy escapes and
-    the source is unchanged.
+    nothing in the source is detached.
 
     The message, `paths` and `tensors` name every tensor with history the copy would have met
-    if it had gone on to its end (what mode `silent` would detach); they are worked out when
-    first read, without copying any tensor's data, so a refusal that code catches and handles
-    costs what torch's own refusal costs.  Where that cannot be worked out in full, the message
-    says why and still names the refused tensor.
+    if it had gone on to its end (what mode `silent` would detach), worked out by the copy
+    that raised the error as it ends with it, without copying any tensor's data; reading the
+    error runs nothing.  Where that list cannot be complete (the copy went on past the
+    refusal, ran inside another copy, or could not be followed without the data), the message
+    says why and how to get the rest, and still names the refused tensor.
 
     Attributes:
         paths: those tensors in the order the copy meets them, as Python access paths from the
@@ -103,36 +106,33 @@ class NonLeafTensorError(RuntimeError):
                  tensors: Sequence[torch.Tensor] = ()) -> None:
         super().__init__(message)
         self.mode = mode
-        self._report: Optional[Tuple[str, Tuple[str, ...], Tuple[Any, ...]]] = (
-            message, tuple(paths), _weakly(tensors))
-        self._make: Optional[Callable[[], Tuple[str, List[str], List[Any], bool]]] = None
-        self._lock = threading.Lock()
+        self._report: Optional[_Report] = (message, tuple(paths), _weakly(tensors))
+        self._make: Optional[Callable[[], Tuple[str, List[str], List[Any]]]] = None
 
     @classmethod
-    def _deferred(cls, make: Callable[[], Tuple[str, List[str], List[Any], bool]]) -> NonLeafTensorError:
-        """An error whose message, paths and tensors `make()` returns when read: kept from the
-        first answer `make()` calls final, asked again at each read until then."""
+    def _deferred(cls, make: Callable[[], Tuple[str, List[str], List[Any]]]) -> NonLeafTensorError:
+        """An error whose message, paths and tensors are `make()`'s answer, asked at each read,
+        until `_settle` gives its final ones."""
         error = cls("", paths=(), mode=Mode.STRICT)
         error._report = None
         error._make = make
         return error
 
-    def _resolved(self) -> Tuple[str, Tuple[str, ...], Tuple[Any, ...]]:
-        with self._lock:
-            if self._report is not None:
-                return self._report
-            assert self._make is not None
-            make = self._make
-        # Made outside the lock: another thread (or this one, from inside what make() runs)
-        # reading the same error meanwhile makes its own answer instead of waiting.
-        message, paths, tensors, final = make()
-        report = (message, tuple(paths), _weakly(tensors))
-        if final:
-            with self._lock:
-                if self._report is None:
-                    self._report, self._make = report, None
-                return self._report
-        return report
+    def _settle(self, message: str, paths: Sequence[str], tensors: Sequence[Any]) -> None:
+        """The final message, paths and tensors; `make()` is let go."""
+        if self._report is None:  # (unless code set the error's args meanwhile)
+            self._report = (message, tuple(paths), _weakly(tensors))
+        self._make = None
+
+    def _resolved(self) -> _Report:
+        # Read in this order: `_settle` sets the report before it lets `make` go.
+        make = self._make
+        report = self._report
+        if report is not None:
+            return report
+        assert make is not None
+        message, paths, tensors = make()
+        return message, tuple(paths), _weakly(tensors)
 
     @property
     def paths(self) -> Tuple[str, ...]:
@@ -149,6 +149,7 @@ class NonLeafTensorError(RuntimeError):
     @args.setter
     def args(self, value: Sequence[Any]) -> None:
         self._report = (str(value[0]) if value else "", *self._resolved()[1:])
+        self._make = None
 
     def __str__(self) -> str:
         return self._resolved()[0]

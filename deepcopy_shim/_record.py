@@ -37,7 +37,7 @@ from ._modes import ModeSetting
 from ._notices import warn_in_user_code
 from ._spans import Spans
 
-__all__ = ["Copy", "Node", "copy_running", "current", "current_copy", "entries", "opened", "surveying"]
+__all__ = ["Copy", "Node", "current", "current_copy", "entries", "opened", "surveying"]
 
 # pytest leaves this module's frames out of the tracebacks it shows: a refused or failed copy
 # ends in the user's code or copy's, not in the shim's bookkeeping.
@@ -78,7 +78,7 @@ class Copy:
         self.met: List[_Met] = []
         self.failed: Set[int] = set()  # ids of entries of `met` whose copy failed
         self.walked: Dict[int, Tuple[_Frame, Node]] = {}  # id(frame) -> (frame, its node)
-        self.refused: Any = None  # the strict refusal of this copy, once one was raised
+        self.refused: Any = None  # its strict refusals (a _refusal.RefusedCopy), once one was raised
         self.storages: Optional[Spans] = None  # what it took of storages in part (see _spans)
         self.open = True
 
@@ -143,11 +143,28 @@ class Copy:
         if self.storages is not None:
             self.storages.settle()
 
+    def inside_another_copy(self) -> bool:
+        """True if a copy frame (see `_protocol.COPY_FRAMES`) is on the stack below the frame
+        that started this copy, other than the `copy.deepcopy` call of its root: this copy
+        runs inside another, native or not."""
+        copy_frames = _protocol.COPY_FRAMES
+        own_call = True
+        frame = self.frame.f_back if self.frame is not None else None
+        while frame is not None:
+            if id(frame.f_code) in copy_frames:
+                if not (own_call and frame.f_code is _protocol.DEEPCOPY_CODE
+                        and frame.f_locals.get(_protocol.X_LOCAL) is self.root):
+                    return True
+                own_call = False
+            frame = frame.f_back
+        return False
+
     def close(self) -> None:
-        """The copy's call ends: let go of the frames it walked, the memo and the copies."""
+        """The copy's call ends: let go of the frames it walked, the memo, the copies and the
+        refusals."""
         self.open = False
         self.walked.clear()
-        self.frame = self.memo = self.storages = None
+        self.frame = self.memo = self.storages = self.refused = None
 
     def report(self) -> None:
         """Mode warn, the copy complete: one `DetachedTensorsWarning` naming every tensor it
@@ -187,7 +204,8 @@ def surveying() -> bool:
 
 class opened:
     """`with opened(copy_):` makes `copy_` this context's current copy, and closes it at the
-    end, whatever happens in between."""
+    end, whatever happens in between; a copy strict refused gives its refusals their final
+    words there, before its error reaches the caller (see `_refusal`)."""
 
     __slots__ = ("copy", "token")
 
@@ -198,9 +216,14 @@ class opened:
         self.token = _current.set(self.copy)
         return self.copy
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, error: Optional[BaseException], traceback: Any) -> None:
         _current.reset(self.token)
-        self.copy.close()
+        copy_ = self.copy
+        try:
+            if copy_.refused is not None:
+                copy_.refused.settle(copy_, error)
+        finally:
+            copy_.close()
 
 
 def entries(root: Any, met: List[_Met]) -> List[Entry]:
@@ -209,13 +232,3 @@ def entries(root: Any, met: List[_Met]) -> List[Entry]:
     # Entry's own __new__ is a Python call; tuple's makes the same Entry.
     return [tuple.__new__(Entry, (tensor, *locator.locate(node))) for tensor, node in met]
 
-
-def copy_running(frame: Optional[_Frame]) -> bool:
-    """True if a copy frame (see `_protocol.COPY_FRAMES`) is `frame` or one of its callers:
-    a copy, native or not, is running on this stack."""
-    copy_frames = _protocol.COPY_FRAMES
-    while frame is not None:
-        if id(frame.f_code) in copy_frames:
-            return True
-        frame = frame.f_back
-    return False

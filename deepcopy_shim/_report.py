@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_LISTED",
     "describe_tensor",
-    "READ_INSIDE_A_COPY",
+    "INSIDE_ANOTHER_COPY",
+    "NOT_THE_END",
+    "READ_BEFORE_THE_END",
+    "SURVEY_INTERRUPTED",
     "detached_copy_failure",
     "detached_warning",
     "note_untested_torch_once",
@@ -75,16 +78,24 @@ def detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) 
     ])
 
 
-# strict_refusal's `incomplete` when the refusal is read inside a copy (see `_refusal`).
-READ_INSIDE_A_COPY = "read inside a copy"
+# strict_refusal's `incomplete` where the rest of the copy was not followed, and why (see
+# `_refusal`); any other value is why the survey could not follow it.
+READ_BEFORE_THE_END = "it was read before the copy that raised it ended"
+NOT_THE_END = "the copy did not end with this refusal (code inside it caught it and went on)"
+INSIDE_ANOTHER_COPY = (
+    "the copy ran inside another copy, where following the rest of it could call a copy "
+    "method that is still running")
+SURVEY_INTERRUPTED = "the survey of the copy was interrupted"
+_NOT_FOLLOWED = (READ_BEFORE_THE_END, NOT_THE_END, INSIDE_ANOTHER_COPY, SURVEY_INTERRUPTED)
 
 
 def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
                    incomplete: Optional[str] = None, torch_words: Optional[str] = None) -> str:
     """Mode strict: the copy of `root` would meet `entries`, so it is refused.
 
-    `incomplete` says why the list may be short (the copy could not be followed to its end, or
-    `READ_INSIDE_A_COPY`: it was not followed, being read while a copy runs);
+    `incomplete` says why the list may be short: one of `READ_BEFORE_THE_END`,
+    `NOT_THE_END`, `INSIDE_ANOTHER_COPY` and `SURVEY_INTERRUPTED` (the rest of the copy was
+    not followed), or what stopped the survey from following it without copying it;
     `torch_words` is torch's own refusal, kept whole on the last line so that code that looks
     for torch's words ("graph leaves") in the message still finds them.
     """
@@ -98,12 +109,11 @@ def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
         f"deepcopy_shim: refused to copy {a_name_of(root)} holding {_tensors(count)} with autograd history:",
         *_listing(entries, "all are in the error's .paths"),
     ]
-    if incomplete is READ_INSIDE_A_COPY:
+    if incomplete in _NOT_FOLLOWED:
         lines.append(_fill(
-            "The list may be incomplete: it was read while a copy is still running in this "
-            "thread, where following the rest of the copy would call its copy methods again. "
-            "Read this error again once the copy is over, or call "
-            "deepcopy_shim.find_nonleaf_tensors(obj) then, for every tensor it would meet."
+            f"The list may be incomplete: {incomplete}, so the rest of the copy was not "
+            "followed. deepcopy_shim.find_nonleaf_tensors(obj) lists every tensor with "
+            "history the copy would meet."
         ))
     elif incomplete is not None:
         lines.append(_fill(
@@ -112,8 +122,8 @@ def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
         ))
     lines += [
         _fill(
-            f"Mode 'strict' is set by {setting.spelled()}. The copy was discarded and the source "
-            f"is unchanged. {setting.spelled('warn')} or {setting.spelled('silent')} copies "
+            f"Mode 'strict' is set by {setting.spelled()}. The copy was discarded; nothing in the "
+            f"source was detached. {setting.spelled('warn')} or {setting.spelled('silent')} copies "
             "these tensors as detached leaves; or detach or drop them before copying"
             + (", e.g. (obj is the object copied):" if how else ".")
         ),

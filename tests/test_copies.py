@@ -380,7 +380,7 @@ def test_paths_reach_through_containers_a_getstate_rebuilds_around_the_same_obje
         assert resolve(batch, path) is tensor
 
 
-# --- 7. a refusal nobody reads costs what torch's costs; reading it copies no data -----------
+# --- 7. a refusal is surveyed once, as its copy ends, without copying data; reading runs nothing
 
 
 class CountsCopies:
@@ -391,21 +391,24 @@ class CountsCopies:
         return CountsCopies()
 
 
-def test_a_caught_refusal_is_not_surveyed_and_reading_it_copies_no_tensor_data(
+def test_a_refusal_is_surveyed_as_its_copy_ends_and_reading_it_copies_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
     model[0].cached = model[0](torch.ones(1, 64))
     model[1].counter = CountsCopies()
     CountsCopies.copies = 0
-    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as refused:
-        copy.deepcopy(model)
-    assert CountsCopies.copies == 0  # the copy stopped at the tensor, as torch's does
     clones: List[Any] = []
     original_clone = torch.Tensor.clone
     monkeypatch.setattr(torch.Tensor, "clone",
                         lambda self, *a, **k: clones.append(self) or original_clone(self, *a, **k))
-    assert refused.value.paths == ("[0].cached",)  # read now: the survey runs once
-    assert CountsCopies.copies == 1 and clones == []
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(model)  # native: the parameters before the tensor are copied, then it fails
+    native_clones, clones[:] = len(clones), []
+    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as refused:
+        copy.deepcopy(model)
+    # the copy stopped at the tensor, as torch's does; its survey went on, copying no data
+    assert CountsCopies.copies == 1 and len(clones) == native_clones == 2
+    assert refused.value.paths == ("[0].cached",)
     assert str(refused.value).count("[0].cached") >= 1 and CountsCopies.copies == 1
 
 

@@ -368,3 +368,95 @@ def test_every_retry_reports_what_a_fresh_copy_reports(kind: str, failures: int,
         pytest.fail("no attempt completed")
     for memo in kept:
         assert not _shim_objects(memo)
+
+
+# --- 7. a strict refusal is made whole by the copy that raised it; reading it runs nothing ------
+
+
+_SHARED_LOCK = threading.Lock()
+
+
+class TakesTheLock:
+    """Copies its tensor under a lock the program also logs under (a plain, non-reentrant
+    `threading.Lock`), and counts its calls."""
+
+    calls = 0
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> TakesTheLock:
+        type(self).calls += 1
+        with _SHARED_LOCK:
+            return TakesTheLock(copy.deepcopy(self.t, memo))
+
+
+def _read_in_a_thread(read: Callable[[], Any], seconds: float = 20.0) -> Any:
+    result: List[Any] = []
+    thread = threading.Thread(target=lambda: result.append(read()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "reading the refusal hung: it ran a copy method again"
+    return result[0]
+
+
+def test_a_refusal_read_under_a_lock_its_copy_methods_take_says_everything_at_once() -> None:
+    root = [with_history(), TakesTheLock(with_history())]
+    error = refusal(root)
+
+    def log_under_the_lock() -> Tuple[str, Tuple[str, ...]]:
+        with _SHARED_LOCK:  # as a logger shared with the copy methods would
+            return str(error), error.paths
+
+    message, paths = _read_in_a_thread(log_under_the_lock)
+    assert paths == ("[0]", "[1].t")
+    assert not incomplete(message) and "graph leaves" in message
+
+
+def test_reading_a_refusal_calls_no_copy_method() -> None:
+    root = {"a": with_history(), "b": TakesTheLock(with_history())}
+    TakesTheLock.calls = 0
+    error = refusal(root)
+    made = TakesTheLock.calls  # the copy's calls, and its survey's, all before the error arrived
+    assert made == 1  # the copy stopped at ['a']; its survey followed the rest once
+    str(error), error.paths, error.tensors, repr(error), error.args
+    pickled = __import__("pickle").loads(__import__("pickle").dumps(error))
+    assert pickled.paths == error.paths and TakesTheLock.calls == made
+
+
+def _forget_tracebacks(error: BaseException) -> None:
+    seen: List[BaseException] = []
+    pending: List[Optional[BaseException]] = [error]
+    while pending:
+        each = pending.pop()
+        if each is None or any(each is s for s in seen):
+            continue
+        seen.append(each)
+        each.__traceback__ = None
+        pending += [each.__cause__, each.__context__]
+
+
+class _Memo(dict):  # type: ignore[type-arg]
+    pass
+
+
+@pytest.mark.parametrize("memo", [None, "kept"])
+def test_a_refusal_holds_neither_the_copied_object_nor_the_memo(memo: Optional[str]) -> None:
+    class Root:
+        def __init__(self) -> None:
+            self.cache = with_history()
+
+    root = Root()
+    kept: Optional[Dict[Any, Any]] = None
+    if memo:
+        kept = _Memo()  # a dict subclass: a plain dict cannot be referenced weakly
+        copy.deepcopy([torch.ones(1)], kept)  # a memo an earlier copy used
+    refs = [weakref.ref(root)] + ([weakref.ref(kept)] if kept is not None else [])
+    error = refusal(root, kept)
+    # Kept as a log keeps it: without the tracebacks, whose frames hold the copy's objects for
+    # any error, native's too.  Unread: nothing waits for a read.
+    _forget_tracebacks(error)
+    del root, kept
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * len(refs)
+    assert error.paths == ("cache",) and not incomplete(error)

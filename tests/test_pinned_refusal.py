@@ -5,8 +5,8 @@ Every test is a behaviour a user sees through ``copy.deepcopy`` in a strict scop
 ``deepcopy_shim.deepcopy(obj, "strict")`` or ``find_nonleaf_tensors``: what the refusal's
 message, ``.paths`` and ``.tensors`` say, which copy's survey serves which refusal, what the
 survey does with memos, scopes, slots, grads and parameters, what the stand-ins it hands to a
-copy's own code look like, and that it copies no tensor data.  A refusal is read only after
-the copy it refused has ended, as a user reads it.
+copy's own code look like, and that it copies no tensor data.  The survey runs as the copy it
+refused ends; a refusal is read after that, as a user reads it.
 
 Two strict xfails pin a limit found on the way: a Parameter a copy's own code copies with a
 fresh memo has its data cloned by the survey (on torch 2.0 also every parameter of a module
@@ -123,7 +123,7 @@ def test_every_refusal_of_one_copy_is_answered_by_one_survey() -> None:
     second = refused(obj)  # the first refusal was caught inside the copy, which went on
     first = obj[0].caught
     assert first is not None and first is not second
-    assert CountsSurveys.copies == 0  # the copy stopped at [1]; nothing surveyed yet
+    assert CountsSurveys.copies == 1  # the copy stopped at [1]; its one survey went on to [2]
     assert second.paths == ("[0].t", "[1]") and second.tensors == (obj[0].t, obj[1])
     assert first.paths == second.paths and first.tensors == second.tensors
     assert CountsSurveys.copies == 1 and complete(first) and complete(second)
@@ -222,12 +222,15 @@ class InterruptsItsCopy:
         raise Interrupted("interrupted while copied")
 
 
-def test_an_interruption_during_the_survey_reaches_the_reader_showing_no_frame_of_the_shims() -> None:
-    err = refused([with_history(), InterruptsItsCopy()])  # the copy itself stops at [0]
-    with pytest.raises(Interrupted) as interruption:
-        err.paths  # noqa: B018  (reading it runs the survey)
+def test_an_interruption_during_the_survey_reaches_the_caller_showing_no_frame_of_the_shims() -> None:
+    obj = [with_history(), InterruptsItsCopy()]
+    with deepcopy_shim.enabled("strict"), pytest.raises(Interrupted) as interruption:
+        copy.deepcopy(obj)  # the copy itself stops at [0]; its survey meets [1]
     shown = str(interruption.getrepr(style="long"))
     assert "interrupted while copied" in shown and "InterruptsItsCopy" in shown
+    err = interruption.value.__context__  # the refusal it interrupted names its own tensor
+    assert isinstance(err, NonLeafTensorError) and err.paths == ("[0]",)
+    assert "The list may be incomplete: the survey of the copy was interrupted" in words(err)
     # pytest leaves out the frames of the refusal and the survey, as it does the tensor patch's
     for module in ("_refusal.py", "_survey.py"):
         assert os.path.join("deepcopy_shim", module) not in shown, module
@@ -477,10 +480,10 @@ def test_reading_a_refusal_copies_no_parameter_and_calls_a_tensors_own_deepcopy_
         monkeypatch: pytest.MonkeyPatch) -> None:
     obj = [with_history(), nn.Parameter(torch.ones(3)), torch.ones(2).as_subclass(CountsItsCopies),
            {"bias": nn.Linear(2, 1).bias}]
-    err = refused(obj)
     CountsItsCopies.copies = 0
     clones = record_clones(monkeypatch)
-    assert err.paths == ("[0]",) and complete(err)  # read: the survey runs
+    err = refused(obj)  # the copy stops at [0]; its survey follows the rest
+    assert err.paths == ("[0]",) and complete(err)
     assert clones == [] and CountsItsCopies.copies == 1
 
 
@@ -511,8 +514,8 @@ class CopiesItsParametersAfresh:
 
 def test_a_model_copied_with_a_fresh_memo_inside_the_survey_has_no_parameter_data_copied(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    err = refused([with_history(), CopiesItsModelAfresh()])
     clones = record_clones(monkeypatch)
+    err = refused([with_history(), CopiesItsModelAfresh()])
     assert err.paths == ("[0]",) and complete(err)
     assert clones == []
 

@@ -194,10 +194,10 @@ def test_strict_refuses_with_a_precise_report(cached_net: CachedActivationsNet) 
           head.last_out: grad_fn=AddmmBackward0, shape=(3, 2), dtype=torch.float32
           cache['mid']: grad_fn=ReluBackward0, shape=(3, 8), dtype=torch.float32
           cache['list'][0]: grad_fn=MulBackward0, shape=(3, 8), dtype=torch.float32
-        Mode 'strict' is set by deepcopy_shim.enable('strict'). The copy was discarded and the
-        source is unchanged. deepcopy_shim.enable('warn') or deepcopy_shim.enable('silent')
-        copies these tensors as detached leaves; or detach or drop them before copying, e.g.
-        (obj is the object copied):
+        Mode 'strict' is set by deepcopy_shim.enable('strict'). The copy was discarded; nothing
+        in the source was detached. deepcopy_shim.enable('warn') or
+        deepcopy_shim.enable('silent') copies these tensors as detached leaves; or detach or
+        drop them before copying, e.g. (obj is the object copied):
             obj.head.last_out = obj.head.last_out.detach()
             del obj.head.last_out
         torch's refusal: """) + " ".join(str(err.__cause__).split())
