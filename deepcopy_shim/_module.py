@@ -109,8 +109,10 @@ def _copy_state(state: Dict[str, Any], memo: Dict[Any, Any]) -> Dict[str, Any]:
     """`copy.deepcopy(state, memo)` for a module's state dict, without its generic overhead.
 
     Equal to the generic copy item by item, in the same order: the same containers, the same
-    memo entries (so a `RemovableHandle` or anything else referring to a hook dict still
-    finds its copy), the same deepcopy of every value no shortcut below covers.  Most of a
+    memo entries for the module's objects (so a `RemovableHandle` or anything else referring
+    to a hook dict still finds its copy; deepcopy's own temporaries, such as the list it
+    reduces an empty set to, are never made), the same deepcopy of every value no shortcut
+    below covers.  Most of a
     module's state is its hook OrderedDicts (10 in torch 2.0, 11 in 2.13), almost always
     empty, and an empty set; the generic path reduces and reconstructs each of them.
     """

@@ -14,6 +14,7 @@ The torch.compile checks run in child interpreters: a compile changes the proces
 
 from __future__ import annotations
 
+import ast
 import copy
 import inspect
 import sys
@@ -218,6 +219,83 @@ def test_torch_compile_compiles_under_enable_and_a_local_off_scope() -> None:
             print(compile_once())
     """)
     assert out == "[2.0, 2.0]"
+
+
+_COMPILED_COPY = """
+import copy, sys, threading, warnings
+warnings.simplefilter("error")  # any warning dynamo gives becomes its InternalTorchDynamoError
+DOOR = sys.argv[1]
+if DOOR == "thread":
+    entered, leave = threading.Event(), threading.Event()
+    def hold():
+        with deepcopy_shim.enabled("warn"):
+            entered.set(); leave.wait(120)
+    threading.Thread(target=hold, daemon=True).start()
+    entered.wait(60)
+elif DOOR == "enable and off":
+    deepcopy_shim.enable("warn"); deepcopy_shim.enabled("off").__enter__()
+elif DOOR != "native":
+    deepcopy_shim.enabled(DOOR).__enter__()
+def copies(x, d):
+    return x + 1, copy.deepcopy(d)
+torch.manual_seed(0)
+arg = {"n": 1, "t": torch.ones(2), "m": nn.Linear(2, 2)}
+explained = torch._dynamo.explain(copies)(torch.ones(2), arg)
+torch._dynamo.reset()
+out, copied = torch.compile(copies, backend="eager")(torch.ones(2), arg)
+print(repr((explained.graph_count, explained.graph_break_count,
+            [str(r.reason).splitlines()[0] for r in explained.break_reasons],
+            out.tolist(), sorted(copied), copied["m"].weight.requires_grad)))
+"""
+
+
+@needs_compile
+@pytest.mark.parametrize("door", ["thread", "enable and off", "warn", "silent", "strict"])
+def test_compiled_code_that_deep_copies_is_traced_as_natively(door: str) -> None:
+    """Code compiled with torch.compile that calls copy.deepcopy: dynamo sees copy's table as
+    natively (no frame of the shim's is traced or compiled), where no mode applies and in
+    every mode: the same graphs and breaks, no warning of dynamo's, the same result.
+
+    One difference is dynamo's wording: the break at a tensor's copy is named after the
+    function `Tensor.__deepcopy__` binds, which is the shim's while it is installed."""
+
+    def traced(how: str) -> Any:
+        done = run([DEV_PYTHON, "-c", _COMPILE_PRELUDE + _COMPILED_COPY, how], same_code_env(),
+                   timeout=300)
+        assert done.returncode == 0, describe(done)
+        return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+
+    graphs, breaks, reasons, out, keys, grad = traced(door)
+    native_graphs, native_breaks, native_reasons, native_out, native_keys, native_grad = traced("native")
+    assert (graphs, breaks, out, keys, grad) == (native_graphs, native_breaks, native_out,
+                                                 native_keys, native_grad)
+    renamed = {"Attempted to copy.deepcopy a tensor": "Unsupported method call"}
+    assert len(reasons) == len(native_reasons)
+    assert all(r in (n, renamed.get(n)) for r, n in zip(reasons, native_reasons))
+
+
+@needs_compile
+def test_a_refusal_after_torch_compile_names_everything_and_shows_no_frame_of_dynamos() -> None:
+    """In a process where torch.compile has run, a strict copy made by plain code shows no
+    frame of dynamo's in its traceback (none runs), and one made by compiled code (past its
+    graph break, the copy running eagerly) is refused with the whole list, as anywhere."""
+    out = _child("""
+        import copy, traceback
+        compile_once()
+        h = torch.ones(2, requires_grad=True) * 2
+        with deepcopy_shim.enabled("strict"):
+            try:
+                copy.deepcopy({"h": h, "n": 1})
+            except deepcopy_shim.NonLeafTensorError as exc:
+                shown = "".join(traceback.format_exception(exc))
+                plain = ("torch/_dynamo" in shown.replace("\\\\", "/"), exc.paths)
+            try:
+                torch.compile(lambda d: copy.deepcopy(d), backend="eager")({"n": 1, "h": h})
+            except deepcopy_shim.NonLeafTensorError as exc:
+                compiled = (exc.paths, "may be incomplete" in " ".join(str(exc).split()))
+        print(plain, compiled)
+    """)
+    assert out == "(False, (\"['h']\",)) ((\"['h']\",), False)"
 
 
 @needs_compile
