@@ -184,6 +184,14 @@ _COMPILE_PRELUDE = """
 import threading, torch, torch.nn as nn, deepcopy_shim
 def compile_once():
     return torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2)).tolist()
+def another_thread_holds_a_scope():
+    entered, leave = threading.Event(), threading.Event()
+    def hold():
+        with deepcopy_shim.enabled("warn"):
+            entered.set(); leave.wait(120)
+    threading.Thread(target=hold, daemon=True).start()
+    entered.wait(60)
+    return leave
 """
 
 
@@ -196,12 +204,7 @@ def _child(code: str) -> str:
 @needs_compile
 def test_torch_compile_compiles_while_another_thread_holds_a_scope() -> None:
     out = _child("""
-        entered, leave = threading.Event(), threading.Event()
-        def hold():
-            with deepcopy_shim.enabled("warn"):
-                entered.set(); leave.wait(120)
-        threading.Thread(target=hold, daemon=True).start()
-        entered.wait(60)
+        leave = another_thread_holds_a_scope()
         first = compile_once()
         again = torch.compile(lambda x: x * 2, backend="eager")(torch.ones(3))  # another compile
         again = torch.compile(lambda x: x * 2, backend="eager")(torch.ones(4, 4))  # a recompile
@@ -226,12 +229,7 @@ import copy, sys, threading, warnings
 warnings.simplefilter("error")  # any warning dynamo gives becomes its InternalTorchDynamoError
 DOOR = sys.argv[1]
 if DOOR == "thread":
-    entered, leave = threading.Event(), threading.Event()
-    def hold():
-        with deepcopy_shim.enabled("warn"):
-            entered.set(); leave.wait(120)
-    threading.Thread(target=hold, daemon=True).start()
-    entered.wait(60)
+    another_thread_holds_a_scope()
 elif DOOR == "enable and off":
     deepcopy_shim.enable("warn"); deepcopy_shim.enabled("off").__enter__()
 elif DOOR != "native":
