@@ -171,7 +171,7 @@ def big_bf16(layers: int, device: torch.device) -> nn.Module:
 
 def refusal(copier: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """A method that expects ``copier`` to refuse, and reads the refusal's whole message (the
-    shim's strict message is worked out when first read: that is part of its cost)."""
+    shim's strict message is worked out as the refused copy ends: that is part of its cost)."""
     def refused(obj: Any) -> str:
         try:
             copier(obj)

@@ -8,10 +8,13 @@ installed, the table is a `DispatchTable`: the same entries, and a `get` that an
 - where no mode applies in this thread or task: exactly the table's entry (native);
 - for the first object of a copy made where a mode applies: `DispatchTable.copy_root`, which starts the
   top-level copy (a `_record.Copy`), copies the object as deepcopy would, and ends the copy in
-  its own `finally` (but to torch.compile's tracer, which sees the table's entry, as natively);
+  its own `finally`;
 - for every other object of that copy: the table's entry, or, for an `nn.Module` the table has
   no entry for, the shim's module copier (`_module.copy_module`), or, inside a survey, the
   survey's stand-in copier for tensors (`_survey`).
+
+To torch.compile's tracer, which traces copy's code called from compiled code, the table answers
+with its entry, as natively (see `_compiler`).
 
 Nothing is added to any class: `nn.Module`, its subclasses and their metaclasses answer every
 lookup as natively, in every thread, whatever mode applies where.
@@ -24,7 +27,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from . import _modes, _protocol, _record
+from . import _compiler, _modes, _protocol, _record
 from ._module import copy_module
 
 __all__ = ["DispatchTable", "copier_for"]
@@ -34,26 +37,8 @@ __tracebackhide__ = True
 
 _Copier = Callable[[Any, Any], Any]
 _Module = torch.nn.Module
-try:
-    # False when called; True to torch.compile's tracer (dynamo), which folds it: a copy that
-    # compiled code makes is traced as natively (what dynamo cannot trace runs eagerly, where
-    # the mode applies).
-    from torch.compiler import is_dynamo_compiling as _dynamo_tracing
-except ImportError:  # torch before 2.3 has no such flag
-    def _dynamo_tracing() -> bool:
-        return False
-
-
-def _unknown_callback() -> Any:
-    return True  # where torch cannot say, frame evaluation is taken to be on
-
-
-# What torch.compile's frame evaluation calls for each frame: None while no compiled code runs.
-_eval_frame_callback: Callable[[], Any] = getattr(
-    getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "get_eval_frame_callback",
-    _unknown_callback)
+_tracing = _compiler.tracing
 _getframe = sys._getframe
-_modules = sys.modules
 _DEEPCOPY_CODE = _protocol.DEEPCOPY_CODE
 _current = _record.current
 _scope_chain = _modes.scope_chain
@@ -75,17 +60,16 @@ class DispatchTable(dict):  # type: ignore[type-arg]
     and which deepcopy's questions are answered from), and a `get` that answers as the module
     docstring says."""
 
-    __slots__ = ("original", "eager")
+    __slots__ = ("original",)
 
     def __init__(self, original: Dict[type, Any]) -> None:
         super().__init__(original)
         self.original = original
-        self.eager: Optional[_Copier] = None  # see root_copier
 
     def get(self, cls: Any, default: Any = None) -> Any:
-        # (The original's own `get`, a method dynamo knows: torch.compile, tracing a copy where
-        # no mode applies, sees what it sees natively.)
         found = self.original.get(cls, default)
+        if _tracing():  # torch.compile's tracer, tracing copy's code: the entry, as natively
+            return found
         # Only `copy.deepcopy`'s own question is answered otherwise: whoever else asks the
         # table (a copier of its own, monkeypatch) gets its entries as they are.
         copy_ = _current()
@@ -99,26 +83,15 @@ class DispatchTable(dict):  # type: ignore[type-arg]
             return found
         if copy_ is not None and copy_.survey is not None and copy_.open:
             if _getframe(1).f_code is _DEEPCOPY_CODE:
-                return self.root_copier()  # a scope entered during a survey is surveyed too
+                return self.copy_root  # a scope entered during a survey is surveyed too
         scope = _scope_chain()
         if scope is None:
             setting = _modes.global_setting()
         else:
             setting = scope.setting if scope.live else _current_setting()
-        if setting is not None and not _dynamo_tracing() and _getframe(1).f_code is _DEEPCOPY_CODE:
-            return self.root_copier()  # the first object of a copy made in a mode
+        if setting is not None and _getframe(1).f_code is _DEEPCOPY_CODE:
+            return self.copy_root  # the first object of a copy made in a mode
         return found
-
-    def root_copier(self) -> _Copier:
-        """`copy_root`; while compiled code runs (torch.compile's frame evaluation is on, as
-        when compiled code calls `copy.deepcopy` past a graph break), kept from it, so that the
-        copy runs eagerly and no frame of the shim's is compiled, as copy's own are not."""
-        dynamo = _modules.get("torch._dynamo")
-        if dynamo is None or _eval_frame_callback() is None:
-            return self.copy_root
-        if self.eager is None:
-            self.eager = dynamo.disable(self.copy_root)
-        return self.eager
 
     def copy_root(self, x: Any, memo: Any) -> Any:
         """Copy `x`, the first object of a top-level copy (`copy.deepcopy` calls this as the

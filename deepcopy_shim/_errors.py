@@ -119,9 +119,11 @@ class NonLeafTensorError(RuntimeError):
         return error
 
     def _settle(self, message: str, paths: Sequence[str], tensors: Sequence[Any]) -> None:
-        """The final message, paths and tensors; `make()` is let go."""
-        if self._report is None:  # (unless code set the error's args meanwhile)
-            self._report = (message, tuple(paths), _weakly(tensors))
+        """The final message, paths and tensors; `make()` is let go.  A message code gave the
+        error meanwhile (`exc.args = ...`, to add context) stays."""
+        if self._report is not None:
+            message = self._report[0]
+        self._report = (message, tuple(paths), _weakly(tensors))
         self._make = None
 
     def _resolved(self) -> _Report:
@@ -149,7 +151,6 @@ class NonLeafTensorError(RuntimeError):
     @args.setter
     def args(self, value: Sequence[Any]) -> None:
         self._report = (str(value[0]) if value else "", *self._resolved()[1:])
-        self._make = None
 
     def __str__(self) -> str:
         return self._resolved()[0]

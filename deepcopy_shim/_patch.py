@@ -57,8 +57,11 @@ class _Patch:
         # of ours; only then import the modules that import torch themselves.
         import torch
 
+        from ._compiler import keep_out
         from ._dispatch import DispatchTable
         from ._tensor import refusal_problem, tensor_patch
+
+        keep_out()  # no frame of the shim's is ever compiled by torch.compile (see _compiler)
 
         # Typed as Any: the point is to assign attributes the type checker knows as methods.
         self.tensor_cls: Any = torch.Tensor

@@ -93,7 +93,10 @@ class RefusedCopy:
         found: Optional[List[Entry]] = None
         problem: Optional[str] = _report.SURVEY_INTERRUPTED
         try:
-            if not any(_raised_by(ended_by, r.error) for r in refusals):
+            # (An interruption, KeyboardInterrupt or SystemExit, is no refusal's end: it goes on
+            # at once, whatever it was raised from.)
+            if not isinstance(ended_by, Exception) or not any(
+                    _raised_by(ended_by, r.error) for r in refusals):
                 problem = _report.NOT_THE_END
             elif copy_.inside_another_copy():
                 problem = _report.INSIDE_ANOTHER_COPY
@@ -124,7 +127,17 @@ class RefusedCopy:
 
 def _words(refusal: _Refusal, found: Optional[List[Entry]], problem: Optional[str]) -> _Answer:
     """A refusal's final words: what the survey `found`, with the refused tensor where the
-    survey did not meet it (None: there was no survey: that tensor alone)."""
+    survey did not meet it (None: there was no survey: that tensor alone).  Never raises:
+    where the words cannot be made (an object on the way whose own methods fail when read),
+    the refused tensor is named without its path, with the reason."""
+    try:
+        return _located(refusal, found, problem)
+    except Exception as exc:
+        unplaced = Entry(refusal.tensor, "", f"not located: {type(exc).__name__}: {exc}")
+        return refusal.answer([unplaced], problem)
+
+
+def _located(refusal: _Refusal, found: Optional[List[Entry]], problem: Optional[str]) -> _Answer:
     if found is None:
         return refusal.answer([refusal.own()], problem)
     if not any(e.tensor is refusal.tensor for e in found):

@@ -25,6 +25,7 @@ import sys
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _modes, _protocol
 from ._access import Entry, existing_instance_dict
@@ -120,7 +121,8 @@ class Survey:
 
 def _stand_in(tensor: _Tensor) -> Any:
     """A tensor on the meta device like `tensor`: class, dtype, shape, strides, requires_grad."""
-    with torch._C.DisableTorchFunction():  # no user mode or subclass sees the survey's tensors
+    # No torch function or dispatch mode of the user's, and no subclass, sees the survey's tensors.
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
         cls = type(tensor)
         dtype = tensor.dtype
         try:
@@ -187,5 +189,5 @@ def run(root: Any, memo: Any, hold: Callable[[], ContextManager[Any]]
                     error = f"{type(exc).__name__}: {exc}"  # the words: the error would hold this frame
         finally:
             _modes.pop_scope(survey)
-    survey.copy = None
+            survey.copy = None  # (the survey and its copy refer to each other until here)
     return entries(root, own.met), error

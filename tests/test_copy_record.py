@@ -14,7 +14,7 @@ import gc
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -460,3 +460,106 @@ def test_a_refusal_holds_neither_the_copied_object_nor_the_memo(memo: Optional[s
     gc.collect()
     assert [ref() for ref in refs] == [None] * len(refs)
     assert error.paths == ("cache",) and not incomplete(error)
+
+
+class Sealed(dict):  # type: ignore[type-arg]
+    """A mapping whose items cannot be listed (its own `items` raises), copied by its own
+    `__deepcopy__`: nothing can spell a path through it."""
+
+    def items(self) -> Any:  # type: ignore[override]
+        raise TypeError("Sealed does not list its items")
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Sealed:
+        new = Sealed()
+        for key in list(self.keys()):
+            dict.__setitem__(new, key, copy.deepcopy(dict.__getitem__(self, key), memo))
+        return new
+
+
+def test_a_refusal_whose_path_cannot_be_spelled_is_still_the_refusal_that_reaches_the_caller() -> None:
+    sealed = Sealed()
+    dict.__setitem__(sealed, "t", with_history())
+    error = refusal({"c": sealed})  # a NonLeafTensorError, not the TypeError of `items`
+    assert error.tensors == (dict.__getitem__(sealed, "t"),)
+    assert "graph leaves" in str(error)
+
+
+def test_an_interruption_raised_while_a_refusal_is_handled_goes_on_without_a_survey() -> None:
+    TakesTheLock.calls = 0
+    root = [with_history(), TakesTheLock(torch.ones(1))]
+    caught: List[NonLeafTensorError] = []
+
+    class Interrupts:
+        def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+            try:
+                return copy.deepcopy(root, memo)
+            except NonLeafTensorError as exc:
+                caught.append(exc)
+                raise KeyboardInterrupt from exc  # as a handler's interrupt arrives
+
+    with deepcopy_shim.enabled("strict"), pytest.raises(KeyboardInterrupt):
+        copy.deepcopy(Interrupts())
+    assert TakesTheLock.calls == 0  # the copy never reached it, and no survey ran
+    assert caught[0].tensors == (root[0],) and incomplete(caught[0])
+
+
+def test_an_interrupted_survey_leaves_no_cycle_holding_the_copied_object() -> None:
+    class InterruptsItsCopy:
+        def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+            raise KeyboardInterrupt
+
+    class Root:
+        def __init__(self) -> None:
+            self.items = [with_history(), InterruptsItsCopy()]
+
+    root = Root()
+    ref = weakref.ref(root)
+    gc.disable()
+    try:
+        with deepcopy_shim.enabled("strict"):
+            try:
+                copy.deepcopy(root)  # refused at items[0]; the survey meets the interruption
+            except KeyboardInterrupt as exc:
+                _forget_tracebacks(exc)
+        del root
+        assert ref() is None  # freed without the garbage collector, as natively
+    finally:
+        gc.enable()
+
+
+def test_a_refusal_given_context_on_its_way_up_keeps_its_message_and_names_everything() -> None:
+    class AddsContext:
+        def __init__(self) -> None:
+            self.part = {"a": with_history()}
+
+        def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+            try:
+                return copy.deepcopy(self.part, memo)
+            except NonLeafTensorError as exc:
+                exc.args = (f"while copying a part: {exc}",)  # the usual idiom
+                raise
+
+    root = {"c": AddsContext(), "d": with_history()}
+    error = refusal(root)
+    assert str(error).startswith("while copying a part: deepcopy_shim: refused")
+    assert error.paths == tuple(found(root)) == ("['c'].part['a']", "['d']")
+
+
+def test_the_survey_runs_no_operation_under_a_dispatch_mode_of_the_users() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counts(TorchDispatchMode):
+        calls: ClassVar[List[Any]] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            Counts.calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    root = [with_history(), with_history(), torch.ones(2)]
+    with Counts():
+        with pytest.raises(RuntimeError):
+            copy.deepcopy(root)  # native: the refusal, no operation seen
+        native = list(Counts.calls)
+        Counts.calls.clear()
+        error = refusal(root)
+    assert Counts.calls == native and error.paths == ("[0]", "[1]")
