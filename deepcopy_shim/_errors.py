@@ -102,12 +102,15 @@ class NonLeafTensorError(RuntimeError):
 
     __module__ = "deepcopy_shim"
 
-    def __init__(self, message: str, *, paths: Sequence[str], mode: Mode,
+    def __init__(self, message: str = "", *, paths: Sequence[str] = (), mode: Mode = Mode.STRICT,
                  tensors: Sequence[torch.Tensor] = ()) -> None:
+        # (Every argument but the message has a default: `raise type(exc)(f"...: {exc}")`, an
+        # idiom for adding context, makes one as it makes any RuntimeError.)
         super().__init__(message)
         self.mode = mode
         self._report: Optional[_Report] = (message, tuple(paths), _weakly(tensors))
         self._make: Optional[Callable[[], Tuple[str, List[str], List[Any]]]] = None
+        self._args: Optional[Tuple[Any, ...]] = None  # args code gave it, as given
 
     @classmethod
     def _deferred(cls, make: Callable[[], Tuple[str, List[str], List[Any]]]) -> NonLeafTensorError:
@@ -119,10 +122,19 @@ class NonLeafTensorError(RuntimeError):
         return error
 
     def _settle(self, message: str, paths: Sequence[str], tensors: Sequence[Any]) -> None:
-        """The final message, paths and tensors; `make()` is let go.  A message code gave the
-        error meanwhile (`exc.args = ...`, to add context) stays."""
-        if self._report is not None:
-            message = self._report[0]
+        """The final message, paths and tensors; `make()` is let go.  Args code gave the error
+        meanwhile (`exc.args = (f"while ...: {exc}",)`, to add context) stay, the words they
+        quote of the error replaced by the final ones."""
+        if self._args is not None:
+            make = self._make
+            try:
+                said = make()[0] if make is not None else ""
+            except Exception:
+                said = ""
+            if said:
+                self._args = tuple(a.replace(said, message) if isinstance(a, str) else a
+                                   for a in self._args)
+            message = _as_str(self._args)
         self._report = (message, tuple(paths), _weakly(tensors))
         self._make = None
 
@@ -145,12 +157,14 @@ class NonLeafTensorError(RuntimeError):
         return tuple(ref() for ref in self._resolved()[2])
 
     @property
-    def args(self) -> Tuple[str, ...]:
-        return (self._resolved()[0],)
+    def args(self) -> Tuple[Any, ...]:
+        return self._args if self._args is not None else (self._resolved()[0],)
 
     @args.setter
     def args(self, value: Sequence[Any]) -> None:
-        self._report = (str(value[0]) if value else "", *self._resolved()[1:])
+        rest = self._resolved()[1:]
+        self._args = tuple(value)
+        self._report = (_as_str(self._args), *rest)
 
     def __str__(self) -> str:
         return self._resolved()[0]
@@ -163,6 +177,11 @@ class NonLeafTensorError(RuntimeError):
         # autograd history and cannot be pickled, stay behind.
         message, paths, _ = self._resolved()
         return (_rebuild_refusal, (message, paths, self.mode))
+
+
+def _as_str(args: Tuple[Any, ...]) -> str:
+    """What `str()` of an exception with these args is (BaseException's rule)."""
+    return "" if not args else str(args[0]) if len(args) == 1 else str(args)
 
 
 def _weakly(tensors: Sequence[Any]) -> Tuple[Any, ...]:

@@ -227,8 +227,17 @@ class opened:
 
 
 def entries(root: Any, met: List[_Met]) -> List[Entry]:
-    """Every tensor of `met`, in order, with its path from `root`."""
+    """Every tensor of `met`, in order, with its path from `root`.  A path that cannot be
+    found (an object on the way whose own methods raise when read, as a mapping whose `items`
+    does) leaves that tensor unplaced, with the reason; the others keep theirs."""
     locator = Locator(root)
-    # Entry's own __new__ is a Python call; tuple's makes the same Entry.
-    return [tuple.__new__(Entry, (tensor, *locator.locate(node))) for tensor, node in met]
+    found = []
+    for tensor, node in met:
+        try:
+            place = locator.locate(node)
+        except Exception as exc:
+            place = ("", f"not located: {type(exc).__name__}: {exc}")
+        # Entry's own __new__ is a Python call; tuple's makes the same Entry.
+        found.append(tuple.__new__(Entry, (tensor, *place)))
+    return found
 

@@ -104,9 +104,16 @@ class RefusedCopy:
                 found, problem = self._survey()
         finally:
             self.root = self.memo = None
-            for refusal in refusals:
-                assert refusal.error is not None
-                refusal.error._settle(*_words(refusal, found, problem))
+            # (Made where no torch function mode of the user's sees the shim's reads.)
+            with torch._C.DisableTorchFunction():
+                for refusal in refusals:
+                    assert refusal.error is not None
+                    try:
+                        refusal.error._settle(*_words(refusal, found, problem))
+                    finally:  # interrupted meanwhile: final words all the same, no path
+                        if refusal.error._make is not None:
+                            refusal.error._settle(*refusal.answer(
+                                [Entry(refusal.tensor, "", "not located: interrupted")], problem))
 
     def _survey(self) -> Tuple[List[Entry], Optional[str]]:
         try:

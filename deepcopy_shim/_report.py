@@ -81,7 +81,8 @@ def detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) 
 # strict_refusal's `incomplete` where the rest of the copy was not followed, and why (see
 # `_refusal`); any other value is why the survey could not follow it.
 READ_BEFORE_THE_END = "it was read before the copy that raised it ended"
-NOT_THE_END = "the copy did not end with this refusal (code inside it caught it and went on)"
+NOT_THE_END = ("the copy did not end with this refusal (code inside it caught it, and the copy "
+               "went on, or ended with another error or an interruption)")
 INSIDE_ANOTHER_COPY = (
     "the copy ran inside another copy, where following the rest of it could call a copy "
     "method that is still running")

@@ -38,6 +38,7 @@ __all__ = ["Survey", "dry_memo", "run"]
 __tracebackhide__ = True
 
 _Tensor = torch.Tensor
+_quiet = torch._C.DisableTorchFunction
 _Parameter = torch.nn.Parameter
 # torch 2.1 and later clear a tensor's non-serializable caches from the dict they copy; torch
 # 2.0's Tensor.__deepcopy__ copies the whole dict, and never calls a subclass's own method.
@@ -77,7 +78,8 @@ class Survey:
         found = _protocol.own_get(memo, id(tensor), _protocol.NIL)
         if found is not _protocol.NIL:
             return found
-        leaf = tensor.is_leaf
+        with _quiet():  # the shim's own reads, seen by no torch function mode of the user's
+            leaf = tensor.is_leaf
         if not leaf:
             if copy_ is self.copy:
                 copy_.meet(tensor, caller, _SETTING)
@@ -93,11 +95,13 @@ class Survey:
             # What torch's Tensor.__deepcopy__ copies beside the data (and the shim's copy of a
             # tensor with history, which goes through it): .grad (retained, for a non-leaf),
             # slots of a subclass, the instance dict without torch's non-serializable caches.
-            grad = tensor.grad if leaf or tensor.retains_grad else None
+            with _quiet():
+                grad = tensor.grad if leaf or tensor.retains_grad else None
             if grad is not None:
                 grad_twin = self.copy_tensor(grad, memo, sys._getframe(0), copy_)
                 try:
-                    twin.grad = grad_twin
+                    with _quiet():
+                        twin.grad = grad_twin
                 except Exception:  # a stand-in of another shape or class: only the walk counts
                     pass
             if cls is not _Tensor:
@@ -112,7 +116,8 @@ class Survey:
             if state:
                 twin.__dict__ = dict(state)
                 if _CLEARS_CACHES:
-                    twin._clear_non_serializable_cached_data()
+                    with _quiet():
+                        twin._clear_non_serializable_cached_data()
                 _protocol.keep_alive(twin.__dict__, memo)
                 twin.__dict__ = copy.deepcopy(twin.__dict__, memo)
         _protocol.own_set(memo, id(tensor), twin)
@@ -122,7 +127,7 @@ class Survey:
 def _stand_in(tensor: _Tensor) -> Any:
     """A tensor on the meta device like `tensor`: class, dtype, shape, strides, requires_grad."""
     # No torch function or dispatch mode of the user's, and no subclass, sees the survey's tensors.
-    with torch._C.DisableTorchFunction(), _disable_current_modes():
+    with _quiet(), _disable_current_modes():
         cls = type(tensor)
         dtype = tensor.dtype
         try:

@@ -479,9 +479,62 @@ class Sealed(dict):  # type: ignore[type-arg]
 def test_a_refusal_whose_path_cannot_be_spelled_is_still_the_refusal_that_reaches_the_caller() -> None:
     sealed = Sealed()
     dict.__setitem__(sealed, "t", with_history())
-    error = refusal({"c": sealed})  # a NonLeafTensorError, not the TypeError of `items`
-    assert error.tensors == (dict.__getitem__(sealed, "t"),)
-    assert "graph leaves" in str(error)
+    root = {"c": sealed, "other": with_history()}
+    error = refusal(root)  # a NonLeafTensorError, not the TypeError of `items`
+    assert error.tensors == (dict.__getitem__(sealed, "t"), root["other"])
+    assert error.paths[1] == "['other']" and "not located: TypeError" in error.paths[0]
+    assert "graph leaves" in str(error) and not incomplete(error)
+    # warn and find_nonleaf_tensors name the same, and never raise either
+    (w,) = warned(lambda: deepcopy_shim.deepcopy(root, "warn"))
+    assert w.paths == error.paths and tuple(found(root)) == error.paths
+
+
+def test_a_refusal_read_before_its_copy_ends_never_raises_where_a_path_cannot_be_spelled() -> None:
+    sealed = Sealed()
+    dict.__setitem__(sealed, "t", with_history())
+    read: List[str] = []
+
+    class Reads:
+        def __init__(self) -> None:
+            self.sealed = sealed
+
+        def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+            try:
+                return copy.deepcopy(self.sealed, memo)
+            except NonLeafTensorError as exc:
+                read.append(str(exc))
+                read.extend(exc.paths)
+                return None
+
+    with deepcopy_shim.enabled("strict"):
+        copy.deepcopy(Reads())
+    assert "not located: TypeError" in read[1] and incomplete(read[0])
+
+
+def test_a_refusal_made_again_with_context_is_a_refusal_like_any_runtime_error() -> None:
+    class Rewraps:
+        def __init__(self) -> None:
+            self.t = with_history()
+
+        def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+            try:
+                return copy.deepcopy(self.t, memo)
+            except RuntimeError as exc:
+                raise type(exc)(f"while copying a part: {exc}") from exc
+
+    with deepcopy_shim.enabled("strict"), pytest.raises(NonLeafTensorError) as info:
+        copy.deepcopy(Rewraps())
+    assert str(info.value).startswith("while copying a part: deepcopy_shim: refused")
+    assert isinstance(info.value.__cause__, NonLeafTensorError)
+
+
+@pytest.mark.parametrize("args", [(), ("first", "second"), (42,)])
+def test_a_refusals_args_are_what_code_gives_it(args: Tuple[Any, ...]) -> None:
+    native = RuntimeError("x")
+    native.args = args
+    error = refusal([with_history()])
+    error.args = args
+    assert (error.args, str(error)) == (native.args, str(native))
 
 
 def test_an_interruption_raised_while_a_refusal_is_handled_goes_on_without_a_survey() -> None:
@@ -541,7 +594,9 @@ def test_a_refusal_given_context_on_its_way_up_keeps_its_message_and_names_every
 
     root = {"c": AddsContext(), "d": with_history()}
     error = refusal(root)
-    assert str(error).startswith("while copying a part: deepcopy_shim: refused")
+    assert str(error).startswith("while copying a part: deepcopy_shim: refused to copy a dict "
+                                 "holding 2 tensors")  # the words it quoted, made final
+    assert not incomplete(error)
     assert error.paths == tuple(found(root)) == ("['c'].part['a']", "['d']")
 
 
@@ -559,6 +614,26 @@ def test_the_survey_runs_no_operation_under_a_dispatch_mode_of_the_users() -> No
     with Counts():
         with pytest.raises(RuntimeError):
             copy.deepcopy(root)  # native: the refusal, no operation seen
+        native = list(Counts.calls)
+        Counts.calls.clear()
+        error = refusal(root)
+    assert Counts.calls == native and error.paths == ("[0]", "[1]")
+
+
+def test_the_survey_reads_no_tensor_under_a_torch_function_mode_of_the_users() -> None:
+    from torch.overrides import TorchFunctionMode
+
+    class Counts(TorchFunctionMode):
+        calls: ClassVar[List[Any]] = []
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            Counts.calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    root = [with_history(), with_history(), torch.ones(2)]
+    with Counts():
+        with pytest.raises(RuntimeError):
+            copy.deepcopy(root)
         native = list(Counts.calls)
         Counts.calls.clear()
         error = refusal(root)

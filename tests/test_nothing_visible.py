@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
+import os
 import sys
 import textwrap
 import threading
@@ -423,3 +424,36 @@ def test_a_tensor_in_a_scope_without_the_shim_inside_a_copy_binds_torchs_own_fun
     with deepcopy_shim.enabled("silent"):
         copy.deepcopy([LooksInside(), with_history()])
     assert seen == [ORIGINAL_TENSOR_DEEPCOPY]
+
+
+def test_every_function_of_the_package_is_kept_from_dynamo_once_the_patch_is_made() -> None:
+    """Every code object of every module of the shim loaded by then is marked with torch's
+    frame skip (dynamo never compiles a frame of the shim's), also those kept in a table, and
+    marking again costs a look-up per module not yet marked."""
+    import deepcopy_shim._tested  # imported late by the report: marked at an install
+    from deepcopy_shim import _compiler
+
+    with deepcopy_shim.enabled("warn"):
+        pass
+    assert "deepcopy_shim._tested" not in (_compiler._unmarked or [])
+    marked: List[Any] = []
+    original = _compiler._skip
+    if original is None:
+        pytest.skip("this torch has no frame skip")
+    _compiler._unmarked = None
+    _compiler._skip = None
+    try:
+        import unittest.mock
+
+        with unittest.mock.patch.object(_compiler, "_skipper", lambda: marked.append):
+            _compiler.keep_out()
+    finally:
+        _compiler._unmarked = None
+        _compiler.keep_out()
+    names = {(code.co_filename, code.co_name) for code in marked}
+    from deepcopy_shim import _tensor
+
+    assert all(os.path.dirname(f) == os.path.dirname(_compiler.__file__) for f, _ in names)
+    lambdas = {code for code in marked if code.co_name == "<lambda>"}
+    assert any(fn.__code__ in lambdas for fn in _tensor._NEUTRAL if fn.__name__ == "<lambda>")
+    assert ("get" in {n for _, n in names}) and ("copy_root" in {n for _, n in names})
