@@ -25,6 +25,8 @@ import torch
 
 __all__ = ["keep_out", "tracing"]
 
+_HERE = os.path.dirname(os.path.abspath(__file__))  # the package's folder: its code, its modules
+
 try:
     # False when called; True to dynamo, which folds it while it traces.
     from torch.compiler import is_dynamo_compiling as tracing
@@ -103,5 +105,3 @@ def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
         if isinstance(const, types.CodeType):
             yield from _nested(const)
 
-
-_HERE = os.path.dirname(os.path.abspath(__file__))

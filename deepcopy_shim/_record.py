@@ -37,7 +37,7 @@ from ._modes import ModeSetting
 from ._notices import warn_in_user_code
 from ._spans import Spans
 
-__all__ = ["Copy", "Node", "current", "current_copy", "entries", "opened", "surveying"]
+__all__ = ["Copy", "Node", "current", "current_copy", "entries", "opened", "surveying", "unplaced"]
 
 # pytest leaves this module's frames out of the tracebacks it shows: a refused or failed copy
 # ends in the user's code or copy's, not in the shim's bookkeeping.
@@ -234,10 +234,14 @@ def entries(root: Any, met: List[_Met]) -> List[Entry]:
     found = []
     for tensor, node in met:
         try:
-            place = locator.locate(node)
+            # Entry's own __new__ is a Python call; tuple's makes the same Entry.
+            found.append(tuple.__new__(Entry, (tensor, *locator.locate(node))))
         except Exception as exc:
-            place = ("", f"not located: {type(exc).__name__}: {exc}")
-        # Entry's own __new__ is a Python call; tuple's makes the same Entry.
-        found.append(tuple.__new__(Entry, (tensor, *place)))
+            found.append(unplaced(tensor, f"{type(exc).__name__}: {exc}"))
     return found
+
+
+def unplaced(tensor: torch.Tensor, why: str) -> Entry:
+    """`tensor`, named without a path: none could be found, for the reason `why`."""
+    return Entry(tensor, "", f"not located: {why}")
 

@@ -34,7 +34,7 @@ from . import _report, _survey
 from ._access import Entry
 from ._errors import NonLeafTensorError
 from ._modes import ModeSetting
-from ._record import Copy, Node, entries
+from ._record import Copy, Node, entries, unplaced
 
 __all__ = ["RefusedCopy", "refuse"]
 
@@ -113,7 +113,7 @@ class RefusedCopy:
                     finally:  # interrupted meanwhile: final words all the same, no path
                         if refusal.error._make is not None:
                             refusal.error._settle(*refusal.answer(
-                                [Entry(refusal.tensor, "", "not located: interrupted")], problem))
+                                [unplaced(refusal.tensor, "interrupted")], problem))
 
     def _survey(self) -> Tuple[List[Entry], Optional[str]]:
         try:
@@ -134,17 +134,7 @@ class RefusedCopy:
 
 def _words(refusal: _Refusal, found: Optional[List[Entry]], problem: Optional[str]) -> _Answer:
     """A refusal's final words: what the survey `found`, with the refused tensor where the
-    survey did not meet it (None: there was no survey: that tensor alone).  Never raises:
-    where the words cannot be made (an object on the way whose own methods fail when read),
-    the refused tensor is named without its path, with the reason."""
-    try:
-        return _located(refusal, found, problem)
-    except Exception as exc:
-        unplaced = Entry(refusal.tensor, "", f"not located: {type(exc).__name__}: {exc}")
-        return refusal.answer([unplaced], problem)
-
-
-def _located(refusal: _Refusal, found: Optional[List[Entry]], problem: Optional[str]) -> _Answer:
+    survey did not meet it (None: there was no survey: that tensor alone)."""
     if found is None:
         return refusal.answer([refusal.own()], problem)
     if not any(e.tensor is refusal.tensor for e in found):

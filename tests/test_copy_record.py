@@ -14,7 +14,7 @@ import gc
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -22,6 +22,7 @@ import torch.nn as nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.models import CachedActivationsNet, cached_activations_net, with_history
+from support.processes import in_a_thread
 
 import deepcopy_shim
 from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError
@@ -391,15 +392,6 @@ class TakesTheLock:
             return TakesTheLock(copy.deepcopy(self.t, memo))
 
 
-def _read_in_a_thread(read: Callable[[], Any], seconds: float = 20.0) -> Any:
-    result: List[Any] = []
-    thread = threading.Thread(target=lambda: result.append(read()), daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), "reading the refusal hung: it ran a copy method again"
-    return result[0]
-
-
 def test_a_refusal_read_under_a_lock_its_copy_methods_take_says_everything_at_once() -> None:
     root = [with_history(), TakesTheLock(with_history())]
     error = refusal(root)
@@ -408,7 +400,7 @@ def test_a_refusal_read_under_a_lock_its_copy_methods_take_says_everything_at_on
         with _SHARED_LOCK:  # as a logger shared with the copy methods would
             return str(error), error.paths
 
-    message, paths = _read_in_a_thread(log_under_the_lock)
+    message, paths = in_a_thread(log_under_the_lock)
     assert paths == ("[0]", "[1].t")
     assert not incomplete(message) and "graph leaves" in message
 
@@ -600,41 +592,32 @@ def test_a_refusal_given_context_on_its_way_up_keeps_its_message_and_names_every
     assert error.paths == tuple(found(root)) == ("['c'].part['a']", "['d']")
 
 
-def test_the_survey_runs_no_operation_under_a_dispatch_mode_of_the_users() -> None:
+def _counting_mode(kind: str) -> Any:
+    """A user's mode of `kind` ("dispatch" or "torch function") recording every call it sees."""
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Counts(TorchDispatchMode):
-        calls: ClassVar[List[Any]] = []
+    calls: List[Any] = []
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            Counts.calls.append(func)
-            return func(*args, **(kwargs or {}))
+    def record(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        calls.append(func)
+        return func(*args, **(kwargs or {}))
 
+    if kind == "dispatch":
+        mode: Any = type("Counts", (TorchDispatchMode,), {"__torch_dispatch__": record})()
+    else:
+        mode = type("Counts", (TorchFunctionMode,), {"__torch_function__": record})()
+    mode.calls = calls
+    return mode
+
+
+@pytest.mark.parametrize("kind", ["dispatch", "torch function"])
+def test_the_survey_and_the_words_are_seen_by_no_mode_of_the_users(kind: str) -> None:
     root = [with_history(), with_history(), torch.ones(2)]
-    with Counts():
+    with _counting_mode(kind) as mode:
         with pytest.raises(RuntimeError):
-            copy.deepcopy(root)  # native: the refusal, no operation seen
-        native = list(Counts.calls)
-        Counts.calls.clear()
+            copy.deepcopy(root)  # native: the refusal, and what this mode sees of it
+        native = list(mode.calls)
+        mode.calls.clear()
         error = refusal(root)
-    assert Counts.calls == native and error.paths == ("[0]", "[1]")
-
-
-def test_the_survey_reads_no_tensor_under_a_torch_function_mode_of_the_users() -> None:
-    from torch.overrides import TorchFunctionMode
-
-    class Counts(TorchFunctionMode):
-        calls: ClassVar[List[Any]] = []
-
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            Counts.calls.append(func)
-            return func(*args, **(kwargs or {}))
-
-    root = [with_history(), with_history(), torch.ones(2)]
-    with Counts():
-        with pytest.raises(RuntimeError):
-            copy.deepcopy(root)
-        native = list(Counts.calls)
-        Counts.calls.clear()
-        error = refusal(root)
-    assert Counts.calls == native and error.paths == ("[0]", "[1]")
+    assert mode.calls == native and error.paths == ("[0]", "[1]")

@@ -28,7 +28,7 @@ import torch.nn as nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.models import ORIGINAL_DISPATCH, resolve, with_history
-from support.processes import REPO
+from support.processes import REPO, in_a_thread
 
 import deepcopy_shim
 from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError
@@ -90,15 +90,6 @@ class LockedFallback:
         return new
 
 
-def _in_a_thread(work: Callable[[], Any], seconds: float = 20.0) -> Any:
-    result: List[Any] = []
-    thread = threading.Thread(target=lambda: result.append(work()), daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), "the copy hung: the shim re-entered a __deepcopy__ still running"
-    return result[0]
-
-
 def test_a_refusal_read_inside_a_locked_fallback_completes_the_copy_as_natively() -> None:
     held = LockedFallback()
     LockedFallback.copies = 0
@@ -107,7 +98,7 @@ def test_a_refusal_read_inside_a_locked_fallback_completes_the_copy_as_natively(
         with deepcopy_shim.enabled("strict"):
             return copy.deepcopy({"held": held, "other": with_history()}["held"])
 
-    made = _in_a_thread(strict_copy)
+    made = in_a_thread(strict_copy)
     assert made.cache is None and LockedFallback.copies == 1  # as native: one call, and a copy
     (logged,) = held.log
     assert "graph leaves" in logged  # torch's words stay on its last line
@@ -124,7 +115,7 @@ class ReRaises(LockedFallback):
 def test_a_refusal_read_inside_the_copy_and_again_after_it_names_everything_after() -> None:
     held = ReRaises()
     root = {"held": held, "other": with_history()}
-    error = _in_a_thread(lambda: strict_refusal(root))
+    error = in_a_thread(lambda: strict_refusal(root))
     assert incomplete(held.log[0])
     # Outside every copy the survey may run: the full list, both tensors.
     assert error.paths == ("['held'].cache", "['other']")
@@ -146,7 +137,7 @@ def test_reading_a_refusal_inside_any_copy_calls_no_copy_method() -> None:
             return Outer()
 
     LockedFallback.copies = 0
-    _in_a_thread(lambda: copy.deepcopy(Outer()))
+    in_a_thread(lambda: copy.deepcopy(Outer()))
     assert LockedFallback.copies == 1  # the inner copy's one call; no survey inside Outer's copy
     assert "may be incomplete" in " ".join(seen[0].split())
     assert "['t']" in seen[1:]

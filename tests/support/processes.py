@@ -6,8 +6,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,3 +133,14 @@ def run_forking(code: str) -> str:
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "DEEPCOPY_SHIM": ""})
     return done.stderr + done.stdout
+
+
+def in_a_thread(work: Callable[[], Any], seconds: float = 20.0) -> Any:
+    """`work()`'s result, run in a daemon thread that must finish within `seconds` (a copy or a
+    read that waits for itself, holding a lock, would not)."""
+    result: List[Any] = []
+    thread = threading.Thread(target=lambda: result.append(work()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "it hung: the shim re-entered code still running, or waited for itself"
+    return result[0]
