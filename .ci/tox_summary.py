@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from typing import Any, Dict, List
@@ -72,6 +73,24 @@ def _versions(name: str, env: Dict[str, Any], work_dir: str) -> str:
     return f"torch {torch or '?'}, wrapt {wrapt or '?'}, Python {python or '?'}"
 
 
+def _setup_failure(env: Dict[str, Any], work_dir: str) -> str:
+    """Why an environment ran no test, in one line: CI shows only the end of its output.
+
+    The failing set-up command's last error line (pip's "ERROR: ..."), and the disk space left
+    where the environments live: a full disk is the usual cause on a fresh machine, and pip's
+    own words for it ("No space left on device") scroll away with the rest of its output.
+    """
+    free = shutil.disk_usage(work_dir).free / 2**30
+    failed = [c for c in env.get("setup", []) if c.get("retcode") not in (0, None)]
+    if not failed:
+        return f"not set up; {free:.1f} GiB free on its disk"
+    lines = [line for line in failed[-1].get("err", "").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR")] or lines
+    said = errors[-1] if errors else f"exit status {failed[-1].get('retcode')}"
+    step = failed[-1].get("run_id", "set-up")
+    return f"{step} failed: {said.strip()}; {free:.1f} GiB free on its disk"
+
+
 def pytest_log(path: str) -> int:
     with open(path, encoding="utf-8", errors="replace") as handle:
         summary = pytest_summary(handle.read())
@@ -91,10 +110,10 @@ def main(argv: List[str]) -> int:
         envs: Dict[str, Any] = json.load(handle).get("testenvs", {})
     failures = 0
     for name in expected:
-        env = envs.get(name)
-        commands = env.get("test", []) if env else []
+        env: Dict[str, Any] = envs.get(name) or {}
+        commands = env.get("test", [])
         if not commands:
-            print(f"FAIL {name}: did not run its tests (set-up failed; see the tox output above)")
+            print(f"FAIL {name}: did not run its tests ({_setup_failure(env, work_dir)})")
             failures += 1
             continue
         output = "".join(command.get("output", "") for command in commands)
