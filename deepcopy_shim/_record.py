@@ -19,8 +19,11 @@ whatever the caller keeps (a memo, an error).
 What a `Copy` met is kept as *nodes*: `(object, parent node)`, from its root down to each
 tensor with history, read off the copy frames between that tensor and the frame that started
 the copy at the moment the tensor is met (see `Copy.meet`).  Each frame is read once: the
-frames walked are held, by the `Copy`, until it closes, so a frame's id names that frame for as
-long as it is looked up.
+`Copy` holds the copy frames of the stack it read last, outermost first, so a frame's id names
+that frame for as long as it is looked up; the next tensor's walk stops at the first of them
+still on its stack and lets go of those read after it, which have returned.  What is held is
+never more than one stack: the frames a copy has left, and everything their locals hold, are
+not kept alive until it ends.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class Copy:
     """
 
     __slots__ = ("root", "memo", "start", "setting", "chain", "survey", "frame", "root_node",
-                 "met", "failed", "walked", "refused", "storages", "open")
+                 "met", "failed", "walked", "walked_at", "refused", "storages", "open")
 
     def __init__(self, root: Any, memo: Any, setting: Optional[ModeSetting], frame: _Frame,
                  survey: Any = None) -> None:
@@ -77,7 +80,10 @@ class Copy:
         self.root_node: Node = (root, None)
         self.met: List[_Met] = []
         self.failed: Set[int] = set()  # ids of entries of `met` whose copy failed
-        self.walked: Dict[int, Tuple[_Frame, Node]] = {}  # id(frame) -> (frame, its node)
+        # The copy frames of the stack read last, outermost first, each with its node; and
+        # id(frame) -> its index there (an id is safe to look up: `walked` holds the frame).
+        self.walked: List[Tuple[_Frame, Node]] = []
+        self.walked_at: Dict[int, int] = {}
         self.refused: Any = None  # its strict refusals (a _refusal.RefusedCopy), once one was raised
         self.storages: Optional[Spans] = None  # what it took of storages in part (see _spans)
         self.open = True
@@ -86,28 +92,36 @@ class Copy:
         """The node of the innermost object being copied at the frame `caller` (the frame that
         called a tensor's `__deepcopy__`), reading each copy frame between it and the frame
         that started this copy once; the root's node where `caller` is not inside this copy."""
-        walked = self.walked
+        walked, walked_at = self.walked, self.walked_at
         copy_frames = _protocol.COPY_FRAMES
         stop = self.frame
         pending: List[Tuple[_Frame, str]] = []
         node = self.root_node
+        kept = 0  # how many frames of `walked` are still on this stack
         frame = caller
         while frame is not stop:
             if frame is None:
                 return self.root_node  # not below the frame that started this copy
-            known = walked.get(id(frame))
-            if known is not None:
-                node = known[1]
+            index = walked_at.get(id(frame))
+            if index is not None:
+                # Still running, so are the frames before it in `walked` (its callers); those
+                # after it were read at an earlier tensor and have returned since.
+                node = walked[index][1]
+                kept = index + 1
                 break
             local = copy_frames.get(id(frame.f_code))
             if local is not None:
                 pending.append((frame, local))
             frame = frame.f_back
+        for gone, _ in walked[kept:]:
+            del walked_at[id(gone)]
+        del walked[kept:]
         for frame, local in reversed(pending):
             obj = frame.f_locals[local]
             if obj is not node[0]:
                 node = (obj, node)
-            walked[id(frame)] = (frame, node)
+            walked_at[id(frame)] = len(walked)
+            walked.append((frame, node))
         return node
 
     def tensor_node(self, tensor: torch.Tensor, caller: _Frame) -> Node:
@@ -164,6 +178,7 @@ class Copy:
         refusals."""
         self.open = False
         self.walked.clear()
+        self.walked_at.clear()
         self.frame = self.memo = self.storages = self.refused = None
 
     def report(self) -> None:
