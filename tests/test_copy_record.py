@@ -16,7 +16,7 @@ import threading
 import types
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -214,9 +214,9 @@ class CountsCopyFrames:
     """Copied last: counts the frames of `copy`'s functions alive at that moment, and how many
     of them are on the stack (running)."""
 
-    seen: List[Tuple[int, int]] = []
+    seen: ClassVar[List[Tuple[int, int]]] = []
 
-    def __deepcopy__(self, memo: Dict[int, Any]) -> "CountsCopyFrames":
+    def __deepcopy__(self, memo: Dict[int, Any]) -> CountsCopyFrames:
         gc.collect()
         running, frame = set(), sys._getframe()
         while frame is not None:
