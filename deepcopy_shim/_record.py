@@ -64,7 +64,8 @@ class Copy:
     """
 
     __slots__ = ("root", "memo", "start", "setting", "chain", "survey", "frame", "root_node",
-                 "met", "failed", "walked", "walked_at", "refused", "storages", "open")
+                 "met", "failed", "walked", "walked_at", "refused", "storages", "walking",
+                 "open")
 
     def __init__(self, root: Any, memo: Any, setting: Optional[ModeSetting], frame: _Frame,
                  survey: Any = None) -> None:
@@ -84,6 +85,7 @@ class Copy:
         # id(frame) -> its index there (an id is safe to look up: `walked` holds the frame).
         self.walked: List[Tuple[_Frame, Node]] = []
         self.walked_at: Dict[int, int] = {}
+        self.walking = False  # True while `node_of` changes `walked`
         self.refused: Any = None  # its strict refusals (a _refusal.RefusedCopy), once one was raised
         self.storages: Optional[Spans] = None  # what it took of storages in part (see _spans)
         self.open = True
@@ -92,37 +94,59 @@ class Copy:
         """The node of the innermost object being copied at the frame `caller` (the frame that
         called a tensor's `__deepcopy__`), reading each copy frame between it and the frame
         that started this copy once; the root's node where `caller` is not inside this copy."""
+        if self.walking:
+            # Re-entered while `walked` changes: code a deallocation or the garbage collector
+            # ran in the middle (a finalizer that copies a tensor).  Read, change nothing.
+            return self._read(caller)[0]
+        self.walking = True
+        try:
+            node, kept, read = self._read(caller)
+            if kept is None:
+                return node
+            walked, walked_at = self.walked, self.walked_at
+            # Frames read at an earlier tensor that have returned since: released as this
+            # call ends (`gone`), once `walked` is whole again, whatever their locals run then.
+            gone = walked[kept:]
+            del walked[kept:]
+            for frame, _ in gone:
+                del walked_at[id(frame)]
+            for entry in read:
+                walked_at[id(entry[0])] = len(walked)
+                walked.append(entry)
+            return node
+        finally:
+            self.walking = False
+
+    def _read(self, caller: _Frame) -> Tuple[Node, Optional[int], List[Tuple[_Frame, Node]]]:
+        """`(node, kept, read)`: the node at the frame `caller`; how many frames of `walked`
+        are still on its stack (None where it is not below the frame that started this copy);
+        and the copy frames above those, outermost first, each with its node.  Changes nothing."""
         walked, walked_at = self.walked, self.walked_at
         copy_frames = _protocol.COPY_FRAMES
         stop = self.frame
         pending: List[Tuple[_Frame, str]] = []
-        node = self.root_node
-        kept = 0  # how many frames of `walked` are still on this stack
+        node, kept = self.root_node, 0
         frame = caller
         while frame is not stop:
             if frame is None:
-                return self.root_node  # not below the frame that started this copy
+                return self.root_node, None, []
             index = walked_at.get(id(frame))
-            if index is not None:
+            if index is not None and index < len(walked) and walked[index][0] is frame:
                 # Still running, so are the frames before it in `walked` (its callers); those
                 # after it were read at an earlier tensor and have returned since.
-                node = walked[index][1]
-                kept = index + 1
+                node, kept = walked[index][1], index + 1
                 break
             local = copy_frames.get(id(frame.f_code))
             if local is not None:
                 pending.append((frame, local))
             frame = frame.f_back
-        for gone, _ in walked[kept:]:
-            del walked_at[id(gone)]
-        del walked[kept:]
+        read = []
         for frame, local in reversed(pending):
             obj = frame.f_locals[local]
             if obj is not node[0]:
                 node = (obj, node)
-            walked_at[id(frame)] = len(walked)
-            walked.append((frame, node))
-        return node
+            read.append((frame, node))
+        return node, kept, read
 
     def tensor_node(self, tensor: torch.Tensor, caller: _Frame) -> Node:
         """The node of `tensor`, met by the frame `caller` (that called its `__deepcopy__`)."""

@@ -16,7 +16,7 @@ import threading
 import types
 import warnings
 import weakref
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Set, Tuple
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ from support.models import CachedActivationsNet, cached_activations_net, with_hi
 from support.processes import in_a_thread
 
 import deepcopy_shim
-from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError
+from deepcopy_shim import DetachedTensorsWarning, NonLeafTensorError, _module, _record
 
 
 def warned(call: Callable[[], Any]) -> List[DetachedTensorsWarning]:
@@ -211,41 +211,89 @@ class Holds:
 
 
 class CountsCopyFrames:
-    """Copied last: counts the frames of `copy`'s functions alive at that moment, and how many
-    of them are on the stack (running)."""
+    """Copied last: counts the frames of copy functions (`copy`'s and the shim's module
+    copier's) that are alive at that moment but not on the stack: frames of calls that have
+    returned, kept alive by something."""
 
-    seen: ClassVar[List[Tuple[int, int]]] = []
+    seen: ClassVar[List[int]] = []
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> CountsCopyFrames:
         gc.collect()
-        running, frame = set(), sys._getframe()
+        files = {copy.__file__, _module.__file__}
+        running: Set[int] = set()
+        frame: Optional[types.FrameType] = sys._getframe()
         while frame is not None:
             running.add(id(frame))
-            frame = frame.f_back  # type: ignore[assignment]
-        alive = [o for o in gc.get_objects()
-                 if isinstance(o, types.FrameType) and o.f_code.co_filename == copy.__file__]
-        CountsCopyFrames.seen.append((len(alive), sum(id(f) in running for f in alive)))
+            frame = frame.f_back
+        returned = [o for o in gc.get_objects()  # type(): no object's __class__ code runs
+                    if type(o) is types.FrameType and o.f_code.co_filename in files
+                    and id(o) not in running]
+        CountsCopyFrames.seen.append(len(returned))
         return CountsCopyFrames()
 
 
+class Caches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.last = with_history()
+
+
+@pytest.mark.parametrize("kind", ["objects", "modules"])
 @pytest.mark.parametrize("mode", ["silent", "warn"])
-def test_a_copy_keeps_no_frame_of_the_objects_it_has_finished_copying(mode: str) -> None:
+def test_a_copy_keeps_no_frame_of_the_objects_it_has_finished_copying(mode: str, kind: str) -> None:
     # warn names each tensor from the copy frames above it, read as the tensor is met; it may
     # hold the frames of the last tensor's way down until the next tensor is met, but the frames
     # of every object already copied (and everything their locals hold) must not live on until
     # the copy ends: 200 objects left about 1,000 frames behind that way.
-    finished = []
+    returned = []
     for size in (50, 200):
-        objects = [Holds(with_history()) for _ in range(size)]
+        made = (nn.ModuleList(Caches() for _ in range(size)) if kind == "modules"
+                else [Holds(with_history()) for _ in range(size)])
         CountsCopyFrames.seen = []
         with warnings.catch_warnings(), deepcopy_shim.enabled(mode):
             warnings.simplefilter("ignore")
-            copy.deepcopy([objects, CountsCopyFrames()])
-        ((alive, running),) = CountsCopyFrames.seen
-        finished.append(alive - running)
-    # One way down to a tensor: deepcopy and _deepcopy_list of `objects`, deepcopy and
-    # _reconstruct of a Holds, deepcopy and _deepcopy_dict of its state, deepcopy of the tensor.
-    assert finished[0] == finished[1] <= (7 if mode == "warn" else 0), finished
+            copy.deepcopy([made, CountsCopyFrames()])
+        returned += CountsCopyFrames.seen
+    # At most one way down to a tensor (for a Holds: deepcopy and _deepcopy_list of the list,
+    # deepcopy and _reconstruct of a Holds, deepcopy and _deepcopy_dict of its state, deepcopy
+    # of the tensor), whatever the number of objects.
+    assert returned[0] == returned[1] <= (10 if mode == "warn" else 0), returned
+
+
+def test_a_finalizer_that_copies_while_warn_reads_the_way_down_changes_nothing() -> None:
+    # The garbage collector can run whenever warn's walk up the copy frames allocates, and a
+    # finalizer it runs (here: a callback of the collector's, to pick the moment) may copy a
+    # tensor with history: that copy joins the one running, in the middle of its walk.
+    snapshot = with_history()
+    obj = [[[Holds(with_history())] for _ in range(6)], with_history(), [with_history()]]
+    walking = {_record.Copy.node_of.__code__, _record.Copy._read.__code__}
+    fired: List[int] = []
+
+    def collecting(phase: str, info: Dict[str, Any]) -> None:
+        frame: Optional[types.FrameType] = sys._getframe(1)
+        while phase == "start" and frame is not None:
+            if frame.f_code in walking:
+                fired.append(frame.f_lineno)
+                copy.deepcopy(snapshot)  # what a finalizer run by this collection may do
+                return
+            frame = frame.f_back
+
+    (expected,) = warned(lambda: deepcopy_shim.deepcopy(obj, "warn"))
+    threshold = gc.get_threshold()
+    gc.callbacks.append(collecting)
+    gc.set_threshold(1)
+    try:
+        (got,) = warned(lambda: deepcopy_shim.deepcopy(obj, "warn"))
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(collecting)
+    assert fired  # it ran inside the walk
+    # The finalizer's copies ran inside this one, so its warning names them too, as tensors
+    # copied during another tensor's copy; the rest are named as without them.
+    inside = " <copied by Tensor.__deepcopy__>"
+    assert [p for p in got.paths if not p.endswith(inside)] == list(expected.paths)
+    assert all(t is snapshot for p, t in zip(got.paths, got.tensors) if p.endswith(inside))
 
 
 def test_a_reports_tensors_are_the_source_tensors_while_they_live() -> None:
