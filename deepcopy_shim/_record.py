@@ -29,6 +29,7 @@ not kept alive until it ends.
 from __future__ import annotations
 
 import contextvars
+from threading import get_ident
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
@@ -64,8 +65,8 @@ class Copy:
     """
 
     __slots__ = ("root", "memo", "start", "setting", "chain", "survey", "frame", "root_node",
-                 "met", "failed", "walked", "walked_at", "refused", "storages", "walking",
-                 "open")
+                 "met", "failed", "walked", "walked_at", "refused", "storages", "enclosing",
+                 "thread", "walking", "open")
 
     def __init__(self, root: Any, memo: Any, setting: Optional[ModeSetting], frame: _Frame,
                  survey: Any = None) -> None:
@@ -88,6 +89,10 @@ class Copy:
         self.walking = False  # True while `node_of` changes `walked`
         self.refused: Any = None  # its strict refusals (a _refusal.RefusedCopy), once one was raised
         self.storages: Optional[Spans] = None  # what it took of storages in part (see _spans)
+        # The copy running in this context when this one started (a scope entered in a custom
+        # `__deepcopy__`, or a direct tensor copy there), if any: see `spans`.
+        self.enclosing = _current.get()
+        self.thread = get_ident()
         self.open = True
 
     def node_of(self, caller: _Frame) -> Node:
@@ -171,14 +176,31 @@ class Copy:
         return entry.label
 
     def spans(self) -> Spans:
-        """The storages this copy took in part (see `_spans`)."""
+        """The storages this copy took in part (see `_spans`): where it runs inside another copy
+        with the same memo (a scope a `__deepcopy__` enters, copying with the memo it was
+        given), that copy's, so that tensors of one storage copied by the two share one storage,
+        as torch's storage memo (the memo's) makes leaves share one."""
         if self.storages is None:
-            self.storages = Spans()
+            outer = self.same_memo_outer()
+            self.storages = outer.spans() if outer is not None else Spans()
         return self.storages
 
+    def same_memo_outer(self) -> Optional[Copy]:
+        """The innermost copy this one runs inside (started by its call, in this thread) that
+        copies with the same memo, if any; never for a survey's copy."""
+        if self.survey is not None:
+            return None
+        outer = self.enclosing
+        while outer is not None and outer.open and outer.thread == self.thread:
+            if outer.memo is self.memo and outer.survey is None:
+                return outer
+            outer = outer.enclosing
+        return None
+
     def settle_storages(self) -> None:
-        """The copy is complete: see `Spans.settle`."""
-        if self.storages is not None:
+        """The copy is complete: see `Spans.settle`; a copy that took its storages with an outer
+        one's leaves them to that one's end."""
+        if self.storages is not None and self.same_memo_outer() is None:
             self.storages.settle()
 
     def inside_another_copy(self) -> bool:
@@ -203,7 +225,7 @@ class Copy:
         self.open = False
         self.walked.clear()
         self.walked_at.clear()
-        self.frame = self.memo = self.storages = self.refused = None
+        self.frame = self.memo = self.storages = self.refused = self.enclosing = None
 
     def report(self) -> None:
         """Mode warn, the copy complete: one `DetachedTensorsWarning` naming every tensor it

@@ -368,6 +368,50 @@ def test_tensors_of_one_storage_copied_together_still_share_one(order: str) -> N
     assert made_a.data_ptr() - made_b.data_ptr() == together[a].data_ptr() - together[b].data_ptr()
 
 
+class CopiesInAScope:
+    """Copies its `held` inside a scope of its own, with the memo it is given or a fresh one,
+    through `copy.deepcopy` or the tensor's own `__deepcopy__`."""
+
+    def __init__(self, held: torch.Tensor, memo: str, door: str) -> None:
+        self.held, self.memo, self.door = held, memo, door
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> CopiesInAScope:
+        own = memo if self.memo == "same memo" else {}
+        with deepcopy_shim.enabled("silent"):
+            held = (copy.deepcopy(self.held, own) if self.door == "deepcopy"
+                    else self.held.__deepcopy__(own))
+        return CopiesInAScope(held, self.memo, self.door)
+
+
+@pytest.mark.parametrize("door", ["deepcopy", "Tensor.__deepcopy__"])
+@pytest.mark.parametrize("memo", ["same memo", "fresh memo"])
+@pytest.mark.parametrize("order", ["inner first", "outer first", "base inside"])
+def test_a_copy_made_in_a_scope_inside_another_shares_storages_as_leaves_would(
+        order: str, memo: str, door: str) -> None:
+    # A custom __deepcopy__ that enters a scope of its own starts a copy of its own; with the
+    # memo it was given, torch's storage memo (the memo's) makes leaves of one storage share one
+    # across the two, so tensors with history must too.  With a fresh memo nothing is shared.
+    def build(hidden: torch.Tensor) -> List[Any]:
+        view = hidden[1:3]
+        if order == "base inside":
+            return [view, CopiesInAScope(hidden, memo, door)]
+        inner = CopiesInAScope(view, memo, door)
+        return [inner, hidden[2:5]] if order == "inner first" else [hidden[2:5], inner]
+
+    def storages(made: List[Any]) -> int:
+        tensors = [x.held if isinstance(x, CopiesInAScope) else x for x in made]
+        return len({t.untyped_storage().data_ptr() for t in tensors})
+
+    leaves = build(torch.randn(6, 8))
+    native = storages(copy.deepcopy(leaves))
+    with_history = build(_hidden())
+    with warnings.catch_warnings(), deepcopy_shim.enabled("warn"):
+        warnings.simplefilter("ignore")
+        made = copy.deepcopy(with_history)
+    assert native == (1 if memo == "same memo" else 2)
+    assert storages(made) == native
+
+
 def _peak_rss_since_reset() -> Optional[int]:
     try:
         with open("/proc/self/clear_refs", "w") as refs:

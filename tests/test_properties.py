@@ -521,6 +521,10 @@ NESTED: Dict[str, Tuple[Any, List[TensorSpec]]] = {
                                      [HISTORY]),
     "question_inside": (("dict", {"q": ("asks", {"a": ("tensor", 0)}), "b": ("tensor", 1)}),
                         [HISTORY, TensorSpec("history", 3)]),
+    # Two views of one base, one copied in a scope a __deepcopy__ enters, with the same memo:
+    # they share one storage, as leaves would (found by the property above).
+    "scope_shares_a_storage": (("list", [("tensor", 2), ("silent_scope", {"a": ("tensor", 1)})]),
+                               [HISTORY, TensorSpec("view", 0), TensorSpec("view", 0)]),
 }
 
 
