@@ -73,22 +73,34 @@ def _versions(name: str, env: Dict[str, Any], work_dir: str) -> str:
     return f"torch {torch or '?'}, wrapt {wrapt or '?'}, Python {python or '?'}"
 
 
-def _setup_failure(env: Dict[str, Any], work_dir: str) -> str:
+def _setup_failure(env: Dict[str, Any], package: Dict[str, Any], work_dir: str) -> str:
     """Why an environment ran no test, in one line: CI shows only the end of its output.
 
-    The failing set-up command's last error line (pip's "ERROR: ..."), and the disk space left
-    where the environments live: a full disk is the usual cause on a fresh machine, and pip's
-    own words for it ("No space left on device") scroll away with the rest of its output.
+    The failing set-up step and its first error line (pip's "ERROR: ..."), or the package build's
+    (tox's `.pkg` environment, `package`) last line where that build raised; and the disk space
+    left where the environments live: a full disk is the usual cause on a fresh machine, and
+    pip's own words for it ("No space left on device") scroll away with the rest of its output.
     """
-    free = shutil.disk_usage(work_dir).free / 2**30
+    free = f"{shutil.disk_usage(work_dir).free / 2**30:.1f} GiB free on its disk"
     failed = [c for c in env.get("setup", []) if c.get("retcode") not in (0, None)]
-    if not failed:
-        return f"not set up; {free:.1f} GiB free on its disk"
-    lines = [line for line in failed[-1].get("err", "").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR")] or lines
-    said = errors[-1] if errors else f"exit status {failed[-1].get('retcode')}"
-    step = failed[-1].get("run_id", "set-up")
-    return f"{step} failed: {said.strip()}; {free:.1f} GiB free on its disk"
+    if failed:
+        step = failed[-1]
+        return f"{step.get('run_id', 'set-up')} failed: {_error_line(step)}; {free}"
+    # tox records a failed package build under `.pkg`, with no exit status, not under the env.
+    raised = [c for c in package.get("setup", []) if "Error" in c.get("err", "")]
+    if raised:
+        return f"its package build failed: {_error_line(raised[-1])}; {free}"
+    return f"not set up; {free}"
+
+
+def _error_line(step: Dict[str, Any]) -> str:
+    """The first error line of a step's standard error (pip writes the cause first, then
+    hints), else its last line, else its exit status."""
+    lines: List[str] = [line.strip() for line in step.get("err", "").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"(?i)error\b", line)]
+    if errors:
+        return errors[0]
+    return lines[-1] if lines else f"exit status {step.get('retcode')}"
 
 
 def pytest_log(path: str) -> int:
@@ -113,7 +125,8 @@ def main(argv: List[str]) -> int:
         env: Dict[str, Any] = envs.get(name) or {}
         commands = env.get("test", [])
         if not commands:
-            print(f"FAIL {name}: did not run its tests ({_setup_failure(env, work_dir)})")
+            why = _setup_failure(env, envs.get(".pkg") or {}, work_dir)
+            print(f"FAIL {name}: did not run its tests ({why})")
             failures += 1
             continue
         output = "".join(command.get("output", "") for command in commands)

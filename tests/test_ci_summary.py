@@ -84,3 +84,42 @@ def test_all_passed_is_status_zero(summary: ModuleType, tmp_path: Path, capsys: 
     result.write_text(json.dumps({"testenvs": {"a": ok}}))
     assert summary.main([str(result), "a"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "tox: 1 of 1 environments passed"
+
+
+def test_pips_cause_is_named_not_its_hint_and_a_failed_package_build_is_named(
+    summary: ModuleType, tmp_path: Path, capsys: Any
+) -> None:
+    conflict = {
+        "setup": [
+            {
+                "run_id": "install_deps",
+                "retcode": 1,
+                "err": "ERROR: Cannot install alpha==1.0 and beta==2.0 because these package "
+                "versions have conflicting dependencies.\n\nThe conflict is caused by: ...\n\n"
+                "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/\n",
+            }
+        ]
+    }
+    # tox records a failed build of the package under .pkg, without an exit status.
+    package = {
+        "setup": [
+            {"run_id": "_optional_hooks", "retcode": None, "err": ""},
+            {
+                "run_id": "get_requires_for_build_wheel",
+                "retcode": None,
+                "err": 'Traceback (most recent call last):\n  File "backend.py", line 2\n'
+                "RuntimeError: the build backend failed\n",
+            },
+        ]
+    }
+    result = tmp_path / "ci-result.json"
+    result.write_text(json.dumps({"testenvs": {"conflict": conflict, "a": {}, ".pkg": package}}))
+    assert summary.main([str(result), "conflict", "a"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(
+        "FAIL conflict: did not run its tests (install_deps failed: ERROR: Cannot install alpha==1.0"
+    ), lines[0]
+    assert lines[1].startswith(
+        "FAIL a: did not run its tests (its package build failed: RuntimeError: the build backend failed; "
+    ), lines[1]
+
