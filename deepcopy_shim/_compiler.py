@@ -53,28 +53,37 @@ def _skipper() -> Optional[Callable[[types.CodeType], None]]:
 
 
 # The package's modules whose code is not marked yet (None: not listed yet).  A module imported
-# later than the first install (the report's `_tested`) is marked at the next one.
+# later than the first install (the report's `_tested`) is marked at the next one.  Never changed
+# in place, only replaced: two threads installing at once both mark (the patch is prepared
+# outside its lock), and marking a code object twice is harmless, so whichever list is written
+# last holds only names that one of them marked.
 _unmarked: Optional[List[str]] = None
 _skip: Optional[Callable[[types.CodeType], None]] = None
 
 
 def keep_out() -> None:
     """Mark the code of every loaded module of this package so that dynamo never compiles a
-    frame of it (frames it calls are offered to dynamo as usual).  Idempotent: after the first
-    call, a look-up of each module not yet marked (about 1 us)."""
+    frame of it (frames it calls are offered to dynamo as usual).  Idempotent and safe from
+    several threads at once: after the first call, a look-up of each module not yet marked
+    (about 1 us)."""
     global _unmarked, _skip
-    if _unmarked is None:
-        _skip = _skipper()
+    unmarked, skip = _unmarked, _skip
+    if unmarked is None:
+        skip = _skipper()
         names = sorted(name[:-3] for name in os.listdir(_HERE) if name.endswith(".py"))
-        _unmarked = [] if _skip is None else [
+        unmarked = [] if skip is None else [
             __package__ if name == "__init__" else f"{__package__}.{name}" for name in names]
-    for name in list(_unmarked):
+        _skip = skip
+    left = []
+    for name in unmarked:
         module = sys.modules.get(name)
-        if module is not None:
-            assert _skip is not None
-            for code in _codes(vars(module).values(), set()):
-                _skip(code)
-            _unmarked.remove(name)
+        if module is None:
+            left.append(name)
+            continue
+        assert skip is not None
+        for code in _codes(vars(module).values(), set()):
+            skip(code)
+    _unmarked = left
 
 
 def _codes(values: Any, seen: Set[int]) -> Iterator[types.CodeType]:

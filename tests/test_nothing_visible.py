@@ -21,6 +21,7 @@ import os
 import sys
 import textwrap
 import threading
+import types
 from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
@@ -457,3 +458,35 @@ def test_every_function_of_the_package_is_kept_from_dynamo_once_the_patch_is_mad
     lambdas = {code for code in marked if code.co_name == "<lambda>"}
     assert any(fn.__code__ in lambdas for fn in _tensor._NEUTRAL if fn.__name__ == "<lambda>")
     assert ("get" in {n for _, n in names}) and ("copy_root" in {n for _, n in names})
+
+
+def test_marking_the_package_for_dynamo_from_two_threads_at_once_marks_each_module_once() -> None:
+    """Two threads that install the patch at once both prepare it outside the patch's lock, and
+    both mark the package's code: one may mark a module the other is still going through (a
+    soak on torch 2.0 raised `ValueError: list.remove(x): x not in list` there). Here the
+    second marking runs inside the first, at its first mark, as another thread's would."""
+    from deepcopy_shim import _compiler, _dispatch, _patch  # loaded, so both threads mark them
+
+    names = [_compiler.__name__, _patch.__name__, _dispatch.__name__]
+    marked: List[types.CodeType] = []
+    other_thread: List[bool] = []
+
+    def mark_and_let_another_thread_in(code: types.CodeType) -> None:
+        if not other_thread:
+            other_thread.append(True)
+            _compiler.keep_out()  # the other thread, between this one's look and its mark
+        marked.append(code)
+
+    saved = (_compiler._unmarked, _compiler._skip)
+    _compiler._unmarked, _compiler._skip = list(names), mark_and_let_another_thread_in
+    try:
+        _compiler.keep_out()
+        left = _compiler._unmarked
+    finally:
+        _compiler._unmarked, _compiler._skip = saved
+    assert left == []
+    # Their code marked, each code object at most twice (once a thread).
+    ours = set(marked)
+    assert _compiler.keep_out.__code__ in ours and _patch.acquire.__code__ in ours
+    assert _dispatch.DispatchTable.get.__code__ in ours
+    assert max(marked.count(code) for code in ours) <= 2
