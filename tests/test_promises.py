@@ -223,3 +223,39 @@ def test_a_strict_refusal_in_plain_python_ends_on_a_line_that_says_what_happened
     from pathlib import Path
 
     assert quoted in Path(__file__).resolve().parents[1].joinpath("docs", "faq.md").read_text()
+
+
+_TRACEBACK_ROOTS = {
+    "module": "root = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))\n"
+              "root[1][0].cached = torch.ones(2, requires_grad=True) * 2",
+    "dict": "root = {'t': torch.ones(2, requires_grad=True) * 2}",
+    "reduced": "import collections\n"
+               "root = collections.OrderedDict(m=nn.Linear(2, 2), t=torch.ones(2, requires_grad=True) * 2)",
+    "leaf grad": "leaf = torch.ones(2, requires_grad=True)\n"
+                 "leaf.grad = torch.ones(2, requires_grad=True) * 2\nroot = [leaf]",
+}
+
+
+@pytest.mark.parametrize("how", ["strict", "warn as error"])
+@pytest.mark.parametrize("root", sorted(_TRACEBACK_ROOTS))
+def test_no_line_of_the_shim_in_a_traceback_carries_a_comment_for_a_type_checker(
+        root: str, how: str) -> None:
+    """A plain Python traceback of a refusal (or of warn's warning raised as an error) shows each
+    frame's source line: none of the shim's may show a `# type: ignore[...]` or another tool's
+    comment, which means nothing to the reader."""
+    import subprocess
+    import sys
+
+    mode, flags = ("strict", []) if how == "strict" else ("warn", ["-W", "error::UserWarning"])
+    code = (f"import copy, torch, torch.nn as nn, deepcopy_shim\n{_TRACEBACK_ROOTS[root]}\n"
+            f"deepcopy_shim.enable({mode!r})\ncopy.deepcopy(root)\n")
+    proc = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "deepcopy_shim" in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    shim_lines = [lines[i + 1].strip() for i, line in enumerate(lines[:-1])
+                  if line.strip().startswith('File "') and "deepcopy_shim" in line]
+    assert shim_lines, proc.stderr  # frames of the shim's are shown: the check has something to check
+    comments = [line for line in shim_lines if "type: ignore" in line or "noqa" in line
+                or "pragma" in line]
+    assert comments == [], proc.stderr
