@@ -26,7 +26,7 @@ lookup as natively, in every thread, whatever mode applies where.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterable, Optional
 
 import torch
 
@@ -64,13 +64,16 @@ class DispatchTable(dict):  # type: ignore[type-arg]
     table it stands for, as that plain dict answers them; its `get` answers as the module
     docstring says.  Made by `standing_in_for`."""
 
-    __slots__ = ("original",)
+    __slots__ = ("original", "hold")
     original: Dict[Any, Any]
+    hold: Callable[[], ContextManager[Any]]
 
     @classmethod
-    def standing_in_for(cls, original: Dict[Any, Any]) -> DispatchTable:
+    def standing_in_for(cls, original: Dict[Any, Any],
+                        hold: Callable[[], ContextManager[Any]]) -> DispatchTable:
+        """The stand-in for `original`; `hold()` keeps the patch installed while a copy runs."""
         made = cls.__new__(cls)
-        made.original = original
+        made.original, made.hold = original, hold
         return made
 
     def get(self, cls: Any, default: Any = None) -> Any:
@@ -118,7 +121,9 @@ class DispatchTable(dict):  # type: ignore[type-arg]
         if setting is None and survey is None:  # called by someone else, where no mode applies
             return found(x, memo) if found is not None else _protocol.copy_undispatched(x, memo)
         copy_ = _record.Copy(x, memo, setting, sys._getframe(0), survey)
-        with _record.opened(copy_):
+        # The patch stays installed until the copy ends, whoever disables the shim meanwhile
+        # (another thread, a scope left inside the copy): a copy is made in the mode it began in.
+        with self.hold(), _record.opened(copy_):
             copier = found if found is not None else copier_for(cls, copy_)
             copied = copier(x, memo) if copier is not None else _protocol.copy_undispatched(x, memo)
         if copy_.met and survey is None:

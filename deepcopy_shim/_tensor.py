@@ -263,7 +263,7 @@ def _copy_alone(original: Callable[..., Any], hold: Callable[[], ContextManager[
     setting = _current_setting()
     assert setting is not None  # the callers asked
     copy_ = _record.Copy(tensor, memo, setting, sys._getframe(0))
-    with _record.opened(copy_):
+    with hold(), _record.opened(copy_):
         try:
             copied = original(tensor, memo)
         except RuntimeError:
@@ -281,8 +281,9 @@ def _after_refusal(original: Callable[..., Any], hold: Callable[[], ContextManag
     RuntimeError of `original` being handled: NIL where that error stands (no mode applies,
     it is not torch's refusal, or the tensor is a leaf: the refusal came from somewhere inside
     it), the memo's copy where it has one, else the detached copy; in mode strict, raises
-    `NonLeafTensorError` with torch's error as its cause."""
-    setting = _current_setting()
+    `NonLeafTensorError` with torch's error as its cause.  The mode is the copy's own, the one
+    it started in, whatever scope was left or global setting changed since."""
+    setting = copy_.setting if copy_ is not None else None
     error: Any = sys.exc_info()[1]
     if setting is None or copy_ is None or not _is_torch_refusal(error, original) or tensor.is_leaf:
         return NIL  # (no copy runs only where no mode applies: see the callers)

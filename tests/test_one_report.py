@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 import warnings
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -170,3 +171,39 @@ def test_naming_reads_a_dict_with_unspellable_keys_a_bounded_number_of_times(key
     # number of times (a search, a table): not once per tensor, so twice the tensors, twice
     # the reads.
     assert reads[0] <= 8 * 100 and reads[1] == 2 * reads[0], reads
+
+
+# --- a copy is made in the mode it began in -------------------------------------------------------
+
+
+class LeavesTheScope:
+    """Leaves, while it is copied, the scope the copy began in (its `stop()` called in a
+    `__deepcopy__`), or has another thread disable the shim."""
+
+    def __init__(self, leave: Callable[[], None]) -> None:
+        self.leave = leave
+
+    def __deepcopy__(self, memo: Dict[Any, Any]) -> str:
+        self.leave()
+        return "left"
+
+
+@pytest.mark.parametrize("how", ["the scope's stop()", "disable() in another thread"])
+def test_a_copy_goes_on_in_the_mode_it_began_in_whatever_is_switched_off_meanwhile(how: str) -> None:
+    if how == "the scope's stop()":
+        scope = deepcopy_shim.enabled("warn")
+        scope.start()
+        leave = scope.stop
+    else:
+        deepcopy_shim.enable("warn")
+
+        def leave() -> None:
+            thread = threading.Thread(target=deepcopy_shim.disable)
+            thread.start()
+            thread.join(20)
+
+    root = [with_history(), LeavesTheScope(leave), {"t": with_history()}]
+    (warning,) = warned(lambda: copy.deepcopy(root))
+    assert list(warning.paths) == ["[0]", "[2]['t']"]
+    assert deepcopy_shim.current_mode() is None  # and off once the copy has ended
+    assert not deepcopy_shim._patch.state() == "installed"
