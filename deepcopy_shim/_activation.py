@@ -80,7 +80,8 @@ class NotAScope:
     and leave the shim on for the whole process.  Entering this object or decorating with it
     undoes its `enable()` call (the global setting in effect before it is put back, with its
     user of the patch, as long as nothing changed the setting since) and raises `TypeError`
-    naming `deepcopy_shim.enabled(...)`.  It holds two small settings, and nothing else.
+    naming `deepcopy_shim.enabled(...)`.  It holds the mode as written and two small settings,
+    nothing else.
     """
 
     __slots__ = ("_written", "_previous", "_made")
@@ -105,7 +106,7 @@ class NotAScope:
         self._refuse("a scope", "`with {}:` for a block")
 
     def __exit__(self, *exc: object) -> None:  # pragma: no cover - __enter__ always raises
-        """Never called: `with` looks it up before calling `__enter__`, which raises."""
+        pass  # never called, but `with` looks it up before it calls `__enter__`
 
     def __call__(self, func: object) -> NoReturn:
         self._refuse("a decorator", "`@{}` for a function")
