@@ -46,7 +46,8 @@ def test_bad_values_name_value_and_valid_ones(bad: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_env_value(bad)
     message = str(info.value)
-    assert message.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM value {bad!r}; valid values are ")
+    guess = {"warn strict": " (did you mean 'strict'?)", "on!": " (did you mean 'on'?)"}.get(bad, "")
+    assert message.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM value {bad!r}{guess}; valid values are ")
     for word in ("warn", "strict", "silent", "1, true, on, yes", "0, false, off, no"):
         assert word in message
 
