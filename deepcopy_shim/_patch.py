@@ -75,7 +75,7 @@ class _Patch:
                 f"standard library makes but {type(self.table).__qualname__} (another patch "
                 "replaced it). Disable the other patch, or use torch's own copy."
             )
-        self.table_patch = DispatchTable(self.table)
+        self.table_patch = DispatchTable.standing_in_for(self.table, holding)
 
     def apply(self) -> None:
         """Write both attributes."""
