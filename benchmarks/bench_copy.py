@@ -9,7 +9,7 @@ One command (from the repository root, in the venv of the README's set-up comman
 writes ``build/benchmark/benchmark.md`` (the table, the machine, the targets) and
 ``build/benchmark/benchmark.png`` (``build/`` is not tracked), prints one line as each model
 starts and finishes, and one line per target: PASS or FAIL (a ``--quick`` run's lines show the
-figures without judging them, starting with "shown").  ``--update-docs`` writes the tracked
+figures without judging them, starting with "info").  ``--update-docs`` writes the tracked
 ``docs/benchmark.md`` and ``docs/benchmark.png`` instead (the figures the documentation quotes).
 The exit status is 0 even when targets are missed (the last line says how many); with
 ``--check`` it is 1 when any target is missed.  ``--quick`` is a smoke run (smaller big models,
@@ -550,18 +550,17 @@ class Target:
             return False
         return value >= self.limit if self.higher_is_better else value <= self.limit
 
-    def line(self, judged: bool = True) -> str:
-        """One line: the figures, each with PASS or FAIL where the target is `judged` (a quick
-        run's small models judge nothing: its lines start with "shown")."""
+    def line(self) -> str:
+        """One line: the figures, each with PASS or FAIL, or none where the target is only
+        shown (`info_only`, as every target of a quick run is: its lines start with "info")."""
         op = ">=" if self.higher_is_better else "<="
         parts = []
         for regime, value in self.values.items():
             shown = "n/a" if value is None else f"{value:.2f}{self.unit}"
-            judge = judged and not self.info_only
-            verdict = (" PASS" if self.passed(regime) else " FAIL") if judge else ""
+            verdict = "" if self.info_only else " PASS" if self.passed(regime) else " FAIL"
             parts.append(f"{regime} {shown}{verdict}")
         verdict = "PASS" if all(map(self.passed, self.values)) else "FAIL"
-        head = "info" if self.info_only else verdict if judged else "shown"
+        head = "info" if self.info_only else verdict
         return f"{head:4s}  {self.text} (target {op} {self.limit}{self.unit}): " + ", ".join(parts)
 
 
@@ -803,7 +802,7 @@ def write_table(cases: Dict[str, Case], found: List[Target], regimes: List[str],
                     f" ({r.peak / case.model_bytes:.2f}x model)" if case.model_bytes else "")
                 lines.append(row + f" {peak} |")
         lines.append("")
-    lines += ["", "## Targets", "", *[f"- {t.line(judged=not args.quick)}" for t in found], ""]
+    lines += ["", "## Targets", "", *[f"- {t.line()}" for t in found], ""]
     out.write_text("\n".join(lines))
 
 
@@ -941,7 +940,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     elapsed = time.perf_counter() - started
     print(f"\nwrote {args.out / f'benchmark{suffix}'}.md and .png in {elapsed:.0f} s")
     for target in found:
-        print(target.line(judged=not quick))
+        print(target.line())
     missed = [t for t in found if not t.info_only and not all(map(t.passed, t.values))]
     scored = [t for t in found if not t.info_only]
     if quick:

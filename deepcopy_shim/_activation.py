@@ -7,7 +7,7 @@ import copy
 import functools
 import sys
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Type, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NoReturn, Optional, Tuple, Type, TypeVar, Union
 
 from . import _modes, _patch
 from ._modes import Mode, ModeSetting, Source
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "NotAScope",
     "current_mode",
     "deepcopy",
     "disable",
@@ -41,7 +42,7 @@ def written(value: ModeLike) -> str:
     return repr(value)
 
 
-def enable(mode: ModeLike = "warn") -> None:
+def enable(mode: ModeLike = "warn") -> NotAScope:
     """Make every `copy.deepcopy` in the process use the shim, in `mode`.
 
     `mode` takes the vocabulary of every door: `"warn"`, `"strict"` or `"silent"` (a
@@ -51,6 +52,13 @@ def enable(mode: ModeLike = "warn") -> None:
     Idempotent: a second call only changes the mode; the patch is never applied twice.  If torch
     is not imported yet, the patch is applied when it is (this call does not import torch).
 
+    Returns:
+        A `NotAScope`, which a plain call (`deepcopy_shim.enable("silent")` as a statement)
+            simply drops.  It is there for the line that meant `enabled(...)`:
+            `with deepcopy_shim.enable(...):` and `@deepcopy_shim.enable(...)` first undo this
+            call (the process is left as it was before it) and then raise `TypeError` naming
+            `deepcopy_shim.enabled(...)`, the scope for a block or a function.
+
     Raises:
         ModeValueError: `mode` (a `ValueError`) is not in the vocabulary, a blank string
             included (`enable(os.environ.get("FLAG", ""))` is not `disable()`); nothing changes.
@@ -59,29 +67,76 @@ def enable(mode: ModeLike = "warn") -> None:
             `copy._deepcopy_dispatch` with something that is not a dict); nothing changes.
     """
     parsed = _modes.parse_mode(mode)
-    if parsed is None:
-        disable()
-        return
-    set_global(ModeSetting(parsed, Source.CODE, f"deepcopy_shim.enable({written(mode)})",
-                           "deepcopy_shim.enable({!r})"))
+    setting = None if parsed is None else ModeSetting(
+        parsed, Source.CODE, f"deepcopy_shim.enable({written(mode)})", "deepcopy_shim.enable({!r})")
+    return NotAScope(written(mode), set_global(setting), setting)
 
 
-def set_global(setting: Optional[ModeSetting]) -> None:
-    """Make `setting` the process-wide one (`None`: off), counting the patch's user first.
+class NotAScope:
+    """What `enable()` returns: nothing to use, and a clear error where a scope was meant.
+
+    `enable()` sets the mode of the whole process; `enabled()` is the scope.  One letter apart,
+    `with deepcopy_shim.enable("silent"):` would otherwise fail with Python's words about None
+    and leave the shim on for the whole process.  Entering this object or decorating with it
+    undoes its `enable()` call (the global setting in effect before it is put back, with its
+    user of the patch, as long as nothing changed the setting since) and raises `TypeError`
+    naming `deepcopy_shim.enabled(...)`.  It holds the mode as written and two small settings,
+    nothing else.
+    """
+
+    __slots__ = ("_written", "_previous", "_made")
+
+    def __init__(self, written_mode: str, previous: Optional[ModeSetting],
+                 made: Optional[ModeSetting]) -> None:
+        self._written = written_mode  # the mode as the call wrote it: 'silent', True, ...
+        self._previous = previous  # the global setting before the call (None: off)
+        self._made = made  # the one the call made (None: it disabled)
+
+    def _refuse(self, what: str, instead: str) -> NoReturn:
+        undone = _modes.global_setting() is self._made  # else a later call set it: kept
+        if undone:
+            set_global(self._previous)
+        raise TypeError(
+            f"deepcopy_shim.enable({self._written}) switches the shim for the whole process and "
+            f"is not {what}, so {'it was undone' if undone else 'the mode set since is kept'}; "
+            f"use {instead.format(f'deepcopy_shim.enabled({self._written})')}"
+        )
+
+    def __enter__(self) -> NoReturn:
+        self._refuse("a scope", "`with {}:` for a block")
+
+    def __exit__(self, *exc: object) -> None:  # pragma: no cover - __enter__ always raises
+        pass  # never called, but `with` looks it up before it calls `__enter__`
+
+    def __call__(self, func: object) -> NoReturn:
+        self._refuse("a decorator", "`@{}` for a function")
+
+    def __repr__(self) -> str:
+        # What the REPL shows after `deepcopy_shim.enable(...)`: what the call did.
+        done = f"mode {self._made.mode.value}" if self._made is not None else "off"
+        return f"<deepcopy_shim.enable({self._written}): {done} for the whole process>"
+
+
+def set_global(setting: Optional[ModeSetting]) -> Optional[ModeSetting]:
+    """Make `setting` the process-wide one (`None`: off), counting the patch's user first;
+    return the setting it replaced (`None`: it was off).
 
     The door behind `enable()`/`disable()`, the environment variable, the runner and
     the pytest option, each passing its own `Source`.  No lock is held while the patch
     is acquired or released (see `_patch`).
     """
     if setting is None:
-        if _modes.swap_global(None) is not None:
+        previous = _modes.swap_global(None)
+        if previous is not None:
             _patch.release()
         else:
             _patch.settle()  # in a forked child, users forgotten at the fork may have left it
-        return
+        return previous
     _patch.acquire()  # the user is counted before the setting is visible, and undone on failure
-    if _modes.swap_global(setting) is not None:
+    previous = _modes.swap_global(setting)
+    if previous is not None:
         _patch.release()  # it was enabled already: that earlier enable holds the patch
+    return previous
 
 
 def disable() -> None:
@@ -277,21 +332,38 @@ def scope(mode: ModeLike, source: Source, template: str, how: Optional[str] = No
     return made
 
 
-def deepcopy(obj: _T, mode: ModeLike = "warn") -> _T:
-    """Return `copy.deepcopy(obj)` made with the shim's semantics in `mode`.
+def deepcopy(obj: _T, memo: Optional[Dict[int, Any]] = None, *, mode: ModeLike = "warn") -> _T:
+    """Return `copy.deepcopy(obj, memo)` made with the shim's semantics in `mode`.
+
+    Called as `copy.deepcopy` is (`deepcopy(x)`, `deepcopy(x, memo)`), it replaces it for one
+    copy; the mode is given by keyword: `deepcopy(model, mode="silent")`.  A mode given
+    second instead of a memo (`deepcopy(model, "silent")`, as earlier releases took it) is
+    still read as the mode: a str, a `Mode`, a bool or 0/1 is never a memo.
 
     A copy of its own wherever it is called, also inside another copy's `__deepcopy__`.
     Nothing is enabled globally: other threads keep their behaviour.  Mode `warn` emits one
     `DetachedTensorsWarning` when the copy is complete, naming every tensor it detached;
     mode `strict` raises `NonLeafTensorError` at the first tensor with history, naming every
     such tensor the copy would meet; an off word makes a native copy.  `obj` is never
-    modified.
+    modified; `memo`, as in `copy.deepcopy`, receives the copy's entries.
 
     Raises:
         ModeValueError: `mode` (a `ValueError`) is not in the vocabulary.
-        TypeError: `mode` is of no accepted type.
+        TypeError: `mode` is of no accepted type, `memo` is neither a dict (or another
+            mapping with `get`) nor a mode, or a mode is given second and another by keyword.
         NonLeafTensorError: mode `strict` and the copy met a tensor with autograd history.
     """
+    if isinstance(memo, (str, int, Mode)):  # the mode, given second (bool is an int)
+        if mode != "warn":
+            raise TypeError(f"deepcopy_shim: deepcopy() got two modes, {written(memo)} second and "
+                            f"mode={written(mode)}; give one, by keyword: mode=...")
+        memo, mode = None, memo
+    elif memo is not None and not (callable(getattr(memo, "get", None)) and hasattr(memo, "__setitem__")):
+        hint = (f"; the object to copy comes first: deepcopy_shim.deepcopy(obj, mode={_modes.shown(obj)})"
+                if isinstance(obj, str) and not isinstance(obj, Mode) else "")  # swapped
+        raise TypeError(f"deepcopy_shim: deepcopy()'s second argument is the memo, a dict as "
+                        f"copy.deepcopy takes, or the mode; not {type(memo).__name__} "
+                        f"({_modes.shown(memo)}){hint}")
     parsed = _modes.parse_mode(mode)
     setting = None if parsed is None else ModeSetting(
         parsed, Source.SCOPE, f"deepcopy_shim.deepcopy(obj, mode={written(mode)})",
@@ -302,7 +374,7 @@ def deepcopy(obj: _T, mode: ModeLike = "warn") -> _T:
     try:
         _modes.push_scope(owner, setting)
         try:
-            return copy.deepcopy(obj)
+            return copy.deepcopy(obj, memo)
         finally:
             _modes.pop_scope(owner)
     finally:
@@ -343,7 +415,7 @@ def _found_by_copying(obj: Any) -> List[Tuple[str, torch.Tensor]]:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        deepcopy(obj, Mode.WARN)
+        deepcopy(obj, mode=Mode.WARN)
     found: List[Tuple[str, torch.Tensor]] = []
     for seen in caught:
         if isinstance(seen.message, DetachedTensorsWarning):  # its tensors are obj's, alive

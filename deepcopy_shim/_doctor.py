@@ -2,8 +2,8 @@
 
 Versions and the tested ranges, the platform and the GPUs torch sees, the start-up hook,
 `DEEPCOPY_SHIM` and what it resolves to, the state of the patch in this process, and a live
-self-test of every mode on a real non-leaf tensor.  Exit status 1, with one line saying what,
-when something is wrong.
+self-test of every mode on a real non-leaf tensor.  Exit status 1 when something is wrong: each
+problem is one `problem:` line of the report, and the first is also the one line on stderr.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import warnings
 from typing import Any, List, Optional, Tuple
 
 from . import __version__, _patch
-from ._bootstrap import ENV_VAR, environment_setting
+from ._bootstrap import ENV_VAR, environment_setting, reported_at_startup
 from ._modes import ModeValueError
 from ._sites import site_packages_dirs
 from ._tested import (
@@ -160,7 +160,9 @@ def _self_test() -> List[str]:
 
 
 def check() -> int:
-    """Print the report; return 0 if all is well, else 1 (after one line saying what)."""
+    """Print the report; return 0 if all is well, else 1 (after one line on stderr saying what:
+    the first problem, or none where the start-up hook has already said on stderr that
+    `DEEPCOPY_SHIM` is invalid, which is then the one line)."""
     problems: List[str] = []
     lines = [f"deepcopy-shim {__version__}"]
     python = platform.python_version()
@@ -189,6 +191,7 @@ def check() -> int:
         problems.append(f"{_HOOK} is not in this environment's site-packages, so {ENV_VAR} does "
                         "nothing at start-up: install the package with pip (not by copying files)")
     value = os.environ.get(ENV_VAR)
+    said_at_startup = False
     if value is None:
         lines.append(f"  {ENV_VAR}  unset (off)")
     else:
@@ -198,6 +201,7 @@ def check() -> int:
         except ModeValueError as exc:
             lines.append(f"  {ENV_VAR}  {value!r}: INVALID")
             problems.append(str(exc).replace("deepcopy_shim: ", "", 1))
+            said_at_startup = reported_at_startup(value)
     try:
         import torch
     except Exception as exc:
@@ -227,7 +231,8 @@ def check() -> int:
     if problems:
         for problem in problems:
             print(f"  problem: {problem}")
-        print(f"deepcopy_shim --check: {problems[0]}", file=sys.stderr)
+        if not said_at_startup:  # stderr had its one line as Python started
+            print(f"deepcopy_shim --check: {problems[0]}", file=sys.stderr)
         return 1
     print("all good; paste this output into bug reports")
     return 0

@@ -10,8 +10,10 @@ imports torch.
 from __future__ import annotations
 
 import contextvars
+import difflib
 import enum
 import os
+import reprlib
 import sys
 import threading
 import weakref
@@ -35,6 +37,7 @@ __all__ = [
     "push_scope",
     "running_copy",
     "scope_head",
+    "shown",
     "start_copy",
     "end_copy",
     "swap_global",
@@ -167,6 +170,26 @@ def valid_values() -> str:
     return f"{modes}; {', '.join(ON_WORDS)} (warn); {', '.join(OFF_WORDS)} (off)"
 
 
+# A value a message shows: short enough for one line whatever it is (a model's repr runs to
+# hundreds of lines, a memo's to tens of thousands of characters).
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def shown(value: object) -> str:
+    """`value` for a one-line message: its repr, cut to about 60 characters, its line breaks
+    (a module's repr has them; a string's repr has none) made spaces."""
+    return " ".join(line.strip() for line in _SHORT.repr(value).splitlines())
+
+
+def _did_you_mean(value: str) -> str:
+    """` (did you mean 'strict'?)` for a near miss of an accepted spelling, else `""`.  The
+    cutoff keeps words that mean something else apart (`none` is not `on`)."""
+    words = [*(m.value for m in Mode), *ON_WORDS, *OFF_WORDS]
+    close = difflib.get_close_matches(value.strip().lower(), words, n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def on_and_off_words(sep: str = "/") -> tuple[str, str]:
     """The on and off words joined by `sep` (`"1/true/on/yes"`, `"0/false/off/no"`), for help texts."""
     return sep.join(ON_WORDS), sep.join(OFF_WORDS)
@@ -183,9 +206,10 @@ def parse_mode(value: Union[Mode, str, bool, int], what: str = "mode") -> Option
     mode, a blank string included (`enable(os.environ.get("X", ""))` must not quietly mean
     off; the environment door reads blank as unset before asking here), naming `what` was
     bad (`"mode"` from Python; a text door's own name, such as `"DEEPCOPY_SHIM value"`,
-    whose message then lists only what can be written there), the value and the valid ones;
-    `TypeError` for a value of any other type (None included, with the way to say warn or
-    off), as Python does.
+    whose message then lists only what can be written there), the value, the accepted
+    spelling it is closest to (`did you mean 'strict'?`, where one is close) and the valid
+    ones; `TypeError` for a value of any other type (None included, with the way to say warn
+    or off), as Python does.  Both messages are one line, the value's repr cut short.
     """
     if isinstance(value, Mode):
         return value
@@ -204,12 +228,13 @@ def parse_mode(value: Union[Mode, str, bool, int], what: str = "mode") -> Option
         hint = " (leave the argument out for 'warn', or pass 'off')" if value is None else ""
         raise TypeError(
             f"deepcopy_shim: {what} must be a str, a deepcopy_shim.Mode, a bool or 0/1, "
-            f"not {type(value).__name__} ({value!r}){hint}"
+            f"not {type(value).__name__} ({shown(value)}){hint}"
         )
     # Only Python code passes a bool, an int or a Mode: a text door's value is a string.
     python_only = "; also True/False, 1/0 and deepcopy_shim.Mode members" if what == "mode" else ""
+    guess = _did_you_mean(value) if isinstance(value, str) else ""
     raise ModeValueError(
-        f"deepcopy_shim: invalid {what} {value!r}; valid values are {valid_values()} "
+        f"deepcopy_shim: invalid {what} {shown(value)}{guess}; valid values are {valid_values()} "
         f"(in any case{python_only})"
     )
 

@@ -1,6 +1,7 @@
 """The command line: run a program with the shim on, or check the installation.
 
-`python -m deepcopy_shim` and the `deepcopy-shim` console script both call `main()`.
+`python -m deepcopy_shim` and the `deepcopy-shim` console script both call `main()`; each
+speaks as the command it was invoked by.
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from types import TracebackType
 from typing import Any, List, NamedTuple, Optional, Sequence, Type
 
 from ._bootstrap import ENV_VAR, environment_setting, reported_at_startup
-from ._modes import Mode, ModeSetting, ModeValueError, Source, on_and_off_words, parse_mode, valid_values
+from ._modes import Mode, ModeSetting, ModeValueError, Source, on_and_off_words, parse_mode
 
-__all__ = ["HELP", "main", "run"]
+__all__ = ["help_text", "invoked_as", "main", "run"]
 
 _ON, _OFF = on_and_off_words()
-HELP = f"""\
-usage: python -m deepcopy_shim [--mode MODE] script.py [args ...]
-       python -m deepcopy_shim [--mode MODE] -m package.module [args ...]
-       python -m deepcopy_shim --check | --version | --help
-       (deepcopy-shim is the same command)
+_MODULE_COMMAND = "python -m deepcopy_shim"
+_SCRIPT_COMMAND = "deepcopy-shim"
+_HELP = f"""\
+usage: {{prog}} [--mode MODE] script.py [args ...]
+       {{prog}} [--mode MODE] -m package.module [args ...]
+       {{prog}} --check | --version | --help
+       ({{other}} is the same command)
 
 Run a Python program with deepcopy-shim enabled, without changing a line of it: copy.deepcopy
 (and everything built on it: AveragedModel, nn.Transformer, EMA callbacks, quantization with
@@ -55,11 +58,29 @@ the package.  The same variable works without the runner:
   {ENV_VAR}=warn python train.py
 
 precedence: code in the program wins (deepcopy_shim.enable()/disable()/enabled() override the
-runner and the environment).  See docs/activation.md.
+runner and the environment).
+
+the API, installed with the package: python -m pydoc deepcopy_shim
 """
 
-_USAGE = ("usage: python -m deepcopy_shim [--mode MODE] (script.py | -m package.module) [args ...]; "
-          "see --help")
+
+def invoked_as(argv0: str) -> str:
+    """The command a user typed to run the runner, read from `sys.argv[0]`: `python -m
+    deepcopy_shim` for the package's `__main__.py` (what `-m` puts there), else the script's
+    own name (`deepcopy-shim`, or whatever a wrapper calls it)."""
+    if os.path.basename(argv0) == "__main__.py":
+        return f"python -m {os.path.basename(os.path.dirname(os.path.abspath(argv0)))}"
+    return os.path.basename(argv0) or _SCRIPT_COMMAND
+
+
+def help_text(prog: str) -> str:
+    """What `--help` prints, its usage lines spelled as `prog`, the command typed."""
+    other = _SCRIPT_COMMAND if prog == _MODULE_COMMAND else _MODULE_COMMAND
+    return _HELP.format(prog=prog, other=other)
+
+
+def _usage(prog: str) -> str:
+    return f"usage: {prog} [--mode MODE] (script.py | -m package.module) [args ...]; see --help"
 
 
 _NEEDS_A_VALUE = "--mode needs a value: warn, strict or silent"
@@ -154,14 +175,12 @@ def _choose_setting(explicit: Optional[str]) -> Optional[ModeSetting]:
     value = os.environ.get(ENV_VAR, "")
     try:
         from_environment = environment_setting(value)
-    except ModeValueError:
+    except ModeValueError as exc:
         if reported_at_startup(value):  # the line above this one said what is wrong with it
             raise _UsageError(f"the program was not run: fix or unset {ENV_VAR}, or pass "
                               "--mode MODE, which overrides it") from None
-        raise _UsageError(
-            f"invalid {ENV_VAR}={value!r} (valid: {valid_values()}); fix or unset it, or "
-            "pass --mode MODE, which overrides it"
-        ) from None
+        said = str(exc).replace("deepcopy_shim: ", "", 1)
+        raise _UsageError(f"{said}; fix or unset it, or pass --mode MODE, which overrides it") from None
     # An off value in the environment does not stop the runner: running it is the request.
     return from_environment or _from_runner(Mode.WARN, "--mode warn (the runner's default)")
 
@@ -170,18 +189,21 @@ def _from_runner(mode: Mode, how: str) -> ModeSetting:
     return ModeSetting(mode, Source.RUNNER, how, "--mode {}")
 
 
-def run(argv: Optional[Sequence[str]] = None) -> int:
+def run(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
     """Do what the command line says; return the exit status for the runner's own actions.
 
-    For `--help`, `--version` and `--check` the status is the command's; for a usage
-    error, 2 (with the reason on stderr).  When a program runs, its `SystemExit` and every
-    other exception it raises propagate unchanged, and 0 is returned when it returns.
+    `argv` defaults to `sys.argv[1:]`; `prog`, the command the help and usage lines name, to
+    the one `sys.argv[0]` says was typed (see `invoked_as`).  For `--help`, `--version` and
+    `--check` the status is the command's; for a usage error, 2 (with the reason on stderr).
+    When a program runs, its `SystemExit` and every other exception it raises propagate
+    unchanged, and 0 is returned when it returns.
     """
     args = sys.argv[1:] if argv is None else list(argv)
+    prog = invoked_as(sys.argv[0] if sys.argv else "") if prog is None else prog
     try:
         command = _parse(args)
         if command.action == "help":
-            sys.stdout.write(HELP)
+            sys.stdout.write(help_text(prog))
             return 0
         if command.action == "version":
             from . import __version__
@@ -196,7 +218,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         if not command.is_module and not os.path.exists(command.target):
             raise _UsageError(f"can't open file {command.target!r}: no such file")
     except _UsageError as exc:
-        sys.stderr.write(f"deepcopy_shim: {exc}\n{_USAGE}\n")
+        sys.stderr.write(f"deepcopy_shim: {exc}\n{_usage(prog)}\n")
         return 2
 
     # The environment first, so that children started at any point inherit the activation;

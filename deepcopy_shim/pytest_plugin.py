@@ -12,7 +12,8 @@ any entry point inside a package does).
   inside `deepcopy_shim.enabled`; without an argument the mode is `warn`.  The marker is
   applied at collection, to marked tests only: unmarked tests pay nothing.
 * The `deepcopy_shim` fixture does the same for the test that requests it (mode from its marker,
-  else from `indirect` parametrization, else `warn`) and returns the `deepcopy_shim` module.
+  else from `indirect` parametrization, else the session's mode from the option or ini, else
+  `warn`) and returns the `deepcopy_shim` module.
 
 The header line of the run says whether the shim is active for the session and in which mode.
 """
@@ -192,15 +193,23 @@ def deepcopy_shim_fixture(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     The mode comes from the test's `deepcopy_shim` marker, else from indirect
     parametrization (`@pytest.mark.parametrize("deepcopy_shim", ["strict"], indirect=True)`),
-    else `warn`.  Only this test's thread/task is affected (`deepcopy_shim.enabled`).
+    else from the session (`--deepcopy-shim=MODE` or the ini key, when it names a mode), else
+    `warn`.  Only this test's thread/task is affected (`deepcopy_shim.enabled`).
     """
     scope = _marker_scope(request.node)
     if scope is None:
         # Another mode is chosen with the marker, whatever chose this one: messages say so.
         param = getattr(request, "param", None)
-        mode_name = "warn" if param is None else str(param)
-        how = ("the deepcopy_shim fixture's default mode 'warn'" if param is None else
-               f"the deepcopy_shim fixture's parameter {mode_name!r} (indirect parametrization)")
+        session = request.config.stash.get(_SESSION_KEY, None)
+        session_setting = session.setting if session is not None else None
+        if param is not None:
+            mode_name = str(param)
+            how = f"the deepcopy_shim fixture's parameter {mode_name!r} (indirect parametrization)"
+        elif session_setting is not None:  # the mode the session was started with
+            mode_name = session_setting.mode.value
+            how = f"the deepcopy_shim fixture, in the session's mode ({session_setting.how})"
+        else:
+            mode_name, how = "warn", "the deepcopy_shim fixture's default mode 'warn'"
         try:
             scope = _scope(mode_name, "@pytest.mark.deepcopy_shim({!r})",
                            f"the deepcopy_shim fixture of {request.node.nodeid}", how)

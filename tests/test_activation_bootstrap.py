@@ -46,7 +46,8 @@ def test_bad_values_name_value_and_valid_ones(bad: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_env_value(bad)
     message = str(info.value)
-    assert message.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM value {bad!r}; valid values are ")
+    guess = {"warn strict": " (did you mean 'strict'?)", "on!": " (did you mean 'on'?)"}.get(bad, "")
+    assert message.startswith(f"deepcopy_shim: invalid DEEPCOPY_SHIM value {bad!r}{guess}; valid values are ")
     for word in ("warn", "strict", "silent", "1, true, on, yes", "0, false, off, no"):
         assert word in message
 
@@ -204,13 +205,13 @@ def test_bootstrap_shares_the_mode_vocabulary() -> None:
 # PEP 829 (Python 3.15): `import` lines in .pth files keep running through 3.17 *unless* a
 # matching `<name>.start` file exists, and are ignored from 3.18 on.  We ship only the .pth for
 # now (a .start entry point would import the package, ~50 ms, at every start-up even with the
-# variable unset).  The plan is in docs/activation.md; this test fails on the first Python that
+# variable unset).  The plan is in CONTRIBUTING.md; this test fails on the first Python that
 # stops executing import lines, which is when the plan must be carried out.
 
 def test_pep_829_import_lines_still_run(tmp_path: Path) -> None:
     assert not (REPO / "deepcopy_shim" / "deepcopy_shim.start").exists(), (
         "a deepcopy_shim.start beside deepcopy_shim.pth disables the .pth's import line on "
-        "Python >= 3.15: it must then carry the activation itself (see docs/activation.md)")
+        "Python >= 3.15: it must then carry the activation itself (see CONTRIBUTING.md)")
     (tmp_path / "probe_import_lines.pth").write_text(
         "import sys; sys.stdout.write('import lines run\\n')\n")
     code = f"import site; site.addsitedir({str(tmp_path)!r})"
@@ -218,4 +219,4 @@ def test_pep_829_import_lines_still_run(tmp_path: Path) -> None:
     assert proc.stdout == "import lines run\n", (
         f"Python {sys.version_info[:2]} no longer executes import lines in .pth files (PEP 829): "
         "DEEPCOPY_SHIM activation is dead on this Python. Ship deepcopy_shim.start with "
-        "`_deepcopy_shim_start:activate` as docs/activation.md plans.\n" + describe(proc))
+        "`_deepcopy_shim_start:activate` as CONTRIBUTING.md plans.\n" + describe(proc))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import textwrap
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from support.processes import CHILD_NET_SRC, DEV_PYTHON, PROBE_SRC, clean_env, describe, run
 
@@ -239,3 +239,47 @@ def test_the_fixtures_messages_say_how_to_choose_its_mode(tmp_path: Path) -> Non
         "HOW the deepcopy_shim fixture's parameter 'strict' (indirect parametrization) | "
         "@pytest.mark.deepcopy_shim('silent')",
     ], describe(proc)
+
+
+FIXTURE_FOLLOWS_THE_SESSION = CHILD_NET_SRC + textwrap.dedent(
+    """
+    import copy
+    import pytest
+
+    def test_bare_fixture(deepcopy_shim):
+        setting = deepcopy_shim.current_mode()
+        print("HOW", setting.mode.value, "|", setting.how, "|", setting.spelled("strict"))
+        copy.deepcopy(make_child_net())  # -W error::...DetachedTensorsWarning: silent says nothing
+
+    @pytest.mark.parametrize("deepcopy_shim", ["strict"], indirect=True)
+    def test_parameter_wins(deepcopy_shim):
+        print("HOW", deepcopy_shim.current_mode().mode.value)
+
+    @pytest.mark.deepcopy_shim("warn")
+    def test_marker_wins(deepcopy_shim):
+        print("HOW", deepcopy_shim.current_mode().mode.value)
+    """
+)
+
+
+def test_the_bare_fixture_follows_the_mode_the_session_was_started_with(tmp_path: Path) -> None:
+    """`pytest --deepcopy-shim=silent` (or the ini key): a test that requests the fixture without
+    a parameter or a marker copies in silent, not in the fixture's default warn; a parameter
+    or a marker still wins, and a session that names no mode (off) leaves the default."""
+    strict_warnings = ("-W", "error::deepcopy_shim.DetachedTensorsWarning")
+
+    def said(proc: subprocess.CompletedProcess[str]) -> List[str]:
+        return ["HOW" + line.split("HOW", 1)[1] for line in proc.stdout.splitlines() if "HOW " in line]
+
+    for args, ini, how in (
+            (("--deepcopy-shim=silent",), None, "pytest --deepcopy-shim=silent"),
+            ((), "deepcopy_shim = Silent\n", "`deepcopy_shim = Silent` in the pytest ini file")):
+        proc = pytest_run(tmp_path, *args, *strict_warnings, ini=ini, tests=FIXTURE_FOLLOWS_THE_SESSION)
+        assert proc.returncode == 0 and " 3 passed" in proc.stdout, describe(proc)
+        assert said(proc) == [
+            f"HOW silent | the deepcopy_shim fixture, in the session's mode ({how}) | "
+            "@pytest.mark.deepcopy_shim('strict')",
+            "HOW strict", "HOW warn"], describe(proc)
+    proc = pytest_run(tmp_path, "--deepcopy-shim=off", tests=FIXTURE_FOLLOWS_THE_SESSION)
+    assert proc.returncode == 0 and " 3 passed" in proc.stdout, describe(proc)
+    assert said(proc)[0].startswith("HOW warn | the deepcopy_shim fixture's default mode 'warn'")

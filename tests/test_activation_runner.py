@@ -20,7 +20,7 @@ from support.processes import (
     stderr_lines,
 )
 
-from deepcopy_shim._runner import HELP
+from deepcopy_shim._runner import help_text
 
 REPORT_SRC = PROBE_SRC + textwrap.dedent(
     """
@@ -191,14 +191,39 @@ def test_copies_work_under_the_runner(tmp_path: Path) -> None:
 
 def test_help() -> None:
     proc = runner("--help")
-    assert proc.returncode == 0 and proc.stdout == HELP
+    assert proc.returncode == 0 and proc.stdout == help_text("python -m deepcopy_shim")
     for words in ("--mode", "-m MODULE", "sys.argv", "exit code", "DEEPCOPY_SHIM=MODE",
                   "torchrun", "DataLoader", "warn", "strict", "silent", "precedence"):
-        assert words in HELP, words
+        assert words in proc.stdout, words
     console = Path(DEV_PYTHON).parent / "deepcopy-shim"
     if console.exists():  # absent only when the tests run from a source tree without install
         proc = run([console, "-h"], clean_env())
-        assert proc.returncode == 0 and proc.stdout == HELP
+        assert proc.returncode == 0 and proc.stdout == help_text("deepcopy-shim")
+
+
+def test_each_command_speaks_as_itself_and_points_where_an_installed_user_can_go(tmp_path: Path) -> None:
+    """`deepcopy-shim` names itself in its usage lines (not `python -m deepcopy_shim`, and the
+    other way round), and the help points to what comes with the package, not to a file of the
+    source tree."""
+    console = Path(DEV_PYTHON).parent / "deepcopy-shim"
+    commands = {"python -m deepcopy_shim": [DEV_PYTHON, "-m", "deepcopy_shim"]}
+    if console.exists():
+        commands["deepcopy-shim"] = [str(console)]
+    for prog, command in commands.items():
+        other = "deepcopy-shim" if prog.startswith("python") else "python -m deepcopy_shim"
+        helped = run([*command, "--help"], clean_env())
+        usage_lines = [line for line in helped.stdout.splitlines()[:4]]
+        assert usage_lines == [f"usage: {prog} [--mode MODE] script.py [args ...]",
+                               f"       {prog} [--mode MODE] -m package.module [args ...]",
+                               f"       {prog} --check | --version | --help",
+                               f"       ({other} is the same command)"], describe(helped)
+        assert "docs/" not in helped.stdout and ".md" not in helped.stdout
+        assert helped.stdout.rstrip().endswith("python -m pydoc deepcopy_shim")
+        wrong = run([*command, "--verbose", "x.py"], clean_env(), cwd=tmp_path)
+        assert wrong.returncode == 2 and stderr_lines(wrong)[-1] == (
+            f"usage: {prog} [--mode MODE] (script.py | -m package.module) [args ...]; see --help")
+    pydoc = run([DEV_PYTHON, "-m", "pydoc", "deepcopy_shim"], clean_env())
+    assert pydoc.returncode == 0 and "enabled" in pydoc.stdout, describe(pydoc)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -218,7 +243,7 @@ def test_usage_errors(tmp_path: Path, args: List[str], message: str) -> None:
     assert proc.returncode == 2, describe(proc)
     first, second = stderr_lines(proc)
     assert first.startswith("deepcopy_shim: ") and message in first, first
-    assert second.startswith("usage: python -m deepcopy_shim") and "--help" in second
+    assert second.startswith("usage: python -m deepcopy_shim") and "--help" in second  # runner() is -m
     assert proc.stdout == ""
 
 
@@ -302,6 +327,7 @@ def test_run_in_process(args: List[str], status: int, stream: str, text: str,
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DEEPCOPY_SHIM", raising=False)
+    monkeypatch.setattr(sys, "argv", [os.path.join(os.path.dirname(_runner.__file__), "__main__.py")])
     assert _runner.run(args) == status
     out, err = capsys.readouterr()
     assert (out if stream == "out" else err).startswith(text)

@@ -281,6 +281,25 @@ def test_a_bad_value_is_a_problem(capsys: pytest.CaptureFixture[str], monkeypatc
     assert err.startswith(f"deepcopy_shim --check: {problem}") and err.count("\n") == 1
 
 
+def test_a_bad_variable_is_one_line_on_stderr_and_one_problem_in_the_report() -> None:
+    """As docs/diagnostics.md says: status 1, one line on stderr (the start-up hook's, which
+    speaks first, as Python starts; the doctor does not say it again), and in the report its
+    row marked and one `problem:` line."""
+    for command in ([DEV_PYTHON, "-m", "deepcopy_shim", "--check"],
+                    [str(__import__("pathlib").Path(DEV_PYTHON).parent / "deepcopy-shim"), "--check"]):
+        proc = run(command, clean_env("strcit"))
+        assert proc.returncode == 1, describe(proc)
+        (said,) = stderr_lines(proc)
+        assert said.startswith("deepcopy_shim: invalid DEEPCOPY_SHIM value 'strcit' (did you mean "
+                               "'strict'?); valid values are warn, strict, silent"), describe(proc)
+        complaints = [line for line in proc.stdout.splitlines() if "strcit" in line]
+        assert complaints == [
+            "  DEEPCOPY_SHIM  'strcit': INVALID",
+            "  problem: " + said.split("deepcopy_shim: ", 1)[1].split("; start-up activation", 1)[0],
+        ], describe(proc)
+        assert proc.stdout.count("problem:") == 1
+
+
 def test_a_missing_startup_hook_is_a_problem(capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_doctor, "find_startup_hook", lambda: None)

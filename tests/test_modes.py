@@ -50,7 +50,7 @@ def test_off_words_mean_off_at_every_door(word: Any, cached_net: CachedActivatio
         deepcopy_shim.deepcopy(cached_net, word)  # a native copy
 
 
-_DOORS = (deepcopy_shim.enable, deepcopy_shim.enabled, lambda mode: deepcopy_shim.deepcopy(1, mode))
+_DOORS = (deepcopy_shim.enable, deepcopy_shim.enabled, lambda mode: deepcopy_shim.deepcopy(1, mode=mode))
 
 
 @pytest.mark.parametrize("bad", ["loud", "2", 3, "warn strict"])
@@ -229,7 +229,8 @@ def test_the_help_texts_list_exactly_the_words_a_text_door_accepts() -> None:
     from deepcopy_shim import _runner, pytest_plugin
     from deepcopy_shim._modes import parse_mode
 
-    for text, pattern in ((_runner.HELP, r"also (\S+) \(warn\) and (\S+) \(run with the shim off\)"),
+    for text, pattern in ((_runner.help_text("deepcopy-shim"),
+                           r"also (\S+) \(warn\) and (\S+) \(run with the shim off\)"),
                           (pytest_plugin._option_help(), r"also (\S+) for warn; (\S+) for off")):
         found = re.search(pattern, " ".join(text.split()))
         assert found is not None, text

@@ -78,7 +78,7 @@ def test_invalid_mode_raises_and_changes_nothing(bad: object) -> None:
     with pytest.raises(refused, match=r"invalid mode|mode must be"):
         deepcopy_shim.enabled(bad)  # type: ignore[arg-type]
     with pytest.raises(refused, match=r"invalid mode|mode must be"):
-        deepcopy_shim.deepcopy(torch.ones(1), bad)  # type: ignore[arg-type]
+        deepcopy_shim.deepcopy(torch.ones(1), mode=bad)  # type: ignore[arg-type]
     assert _patch._users == 1
 
 

@@ -152,7 +152,8 @@ def test_the_mode_comes_from_mode_else_the_environment_else_warn(
     (["-"], None, "can't open file '-': no such file"),  # stdin is not run
     (["missing.py"], None, "can't open file 'missing.py': no such file"),
     (["--", "missing.py"], None, "can't open file 'missing.py'"),
-    ([SCRIPT], "loud", "invalid DEEPCOPY_SHIM='loud' (valid: "),
+    ([SCRIPT], "loud", "invalid DEEPCOPY_SHIM value 'loud'; valid values are warn, strict, silent"),
+    ([SCRIPT], "strcit", "invalid DEEPCOPY_SHIM value 'strcit' (did you mean 'strict'?); valid "),
     # the value left out: what follows is taken for it, and the message says so
     (["--mode", SCRIPT], None, f"--mode needs a value: warn, strict or silent; {SCRIPT!r} is not one"),
     (["--mode", "typo.py"], None, "--mode needs a value: warn, strict or silent; 'typo.py' is not one"),
@@ -177,8 +178,8 @@ def test_a_usage_error_is_status_2_one_line_and_the_usage_and_runs_nothing(
     first, usage = err.splitlines()
     assert out == "" and first.startswith(f"deepcopy_shim: {said}"), first
     assert "deepcopy_shim: deepcopy_shim" not in first
-    assert usage == ("usage: python -m deepcopy_shim [--mode MODE] (script.py | -m package.module) "
-                     "[args ...]; see --help")
+    assert usage == ("usage: deepcopy-shim [--mode MODE] (script.py | -m package.module) "
+                     "[args ...]; see --help")  # sys.argv[0] says how the runner was invoked
     assert not (here / "probe.json").exists() and not deepcopy_shim.is_enabled()
     assert os.environ.get("DEEPCOPY_SHIM") == env and sys.argv == ["deepcopy-shim"]
 
@@ -187,7 +188,7 @@ def test_a_usage_error_is_status_2_one_line_and_the_usage_and_runs_nothing(
 def test_help_is_the_whole_text_and_runs_nothing(here: Path, capsys: pytest.CaptureFixture[str],
                                                  args: List[str]) -> None:
     assert _runner.run(args) == 0
-    assert capsys.readouterr() == (_runner.HELP, "")
+    assert capsys.readouterr() == (_runner.help_text("deepcopy-shim"), "")
     assert not (here / "probe.json").exists() and not deepcopy_shim.is_enabled()
 
 
@@ -266,7 +267,7 @@ def test_a_bad_variable_the_start_up_hook_reported_is_not_reported_again(
     # another value than the one reported, or one passed in rather than read: said in full
     monkeypatch.setenv("DEEPCOPY_SHIM", "louder")
     assert _runner.run([SCRIPT]) == 2
-    assert "invalid DEEPCOPY_SHIM='louder' (valid: " in capsys.readouterr().err
+    assert "invalid DEEPCOPY_SHIM value 'louder'; valid values are " in capsys.readouterr().err
     monkeypatch.setattr(_bootstrap, "_reported", None)
     assert _bootstrap.activate_from_environment({"DEEPCOPY_SHIM": "loud"}) is None
     assert not _bootstrap.reported_at_startup("loud")
