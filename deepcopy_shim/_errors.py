@@ -62,6 +62,15 @@ class DetachedTensorsWarning(DeepcopyShimWarning):
     def tensors(self) -> Tuple[Optional[torch.Tensor], ...]:
         return tuple(ref() for ref in self._tensors)
 
+    def __reduce__(self) -> Any:
+        # Pickled (sent back from a worker process whose warning filters made it an error) as
+        # what it says; the tensors, held weakly, stay behind.
+        return (_rebuild_warning, (str(self), self.paths))
+
+
+def _rebuild_warning(message: str, paths: Tuple[str, ...]) -> DetachedTensorsWarning:
+    return DetachedTensorsWarning(message, paths)
+
 
 class PatchConflictWarning(DeepcopyShimWarning):
     """Someone else replaced an attribute deepcopy-shim had patched; theirs was left in place."""

@@ -28,7 +28,7 @@ import torch
 
 from ._record import Node
 
-__all__ = ["survey"]
+__all__ = ["Met", "survey"]
 
 __tracebackhide__ = True
 

@@ -52,10 +52,10 @@ import wrapt
 from . import _modes, _report
 from ._access import Entry
 from ._errors import DetachedTensorsWarning, NonLeafTensorError
-from ._modes import Mode, ModeSetting
+from ._modes import Mode, ModeSetting, Source
 from ._notices import warn_in_user_code
 from ._record import entries, unplaced
-from ._send_survey import survey
+from ._send_survey import Met, survey
 
 __all__ = ["Send", "SendingPatch"]
 
@@ -68,6 +68,11 @@ _current_setting = _modes.current_setting
 # This context's running send: set by the call that starts it, reset in that call's `finally`.
 _current: contextvars.ContextVar[Optional[Send]] = contextvars.ContextVar(
     "deepcopy_shim_send", default=None)
+# True while a survey runs in this context: the objects it reduces again may send something
+# themselves (a `__reduce__` that calls `ForkingPickler.dumps`); such a send did its reporting
+# or refusing in the real send, so in the survey it detaches without a word, in mode silent.
+_surveying: contextvars.ContextVar[bool] = contextvars.ContextVar("deepcopy_shim_send_survey", default=False)
+_QUIET = ModeSetting(Mode.SILENT, Source.SCOPE, "the survey of a send")
 # A spawn or forkserver child's Popen -> the copies its start needs (see the module docstring).
 # Weak keys: the copies go with the Popen object.  Changed only by one-step dict operations.
 _kept: weakref.WeakKeyDictionary[Any, List[torch.Tensor]] = weakref.WeakKeyDictionary()
@@ -109,7 +114,7 @@ class Send:
     def refusal(self, tensor: torch.Tensor, torch_words: str) -> NonLeafTensorError:
         """Mode strict: the error refusing this send, which met `tensor`, naming every tensor with
         history the send would meet."""
-        met, failed = survey(self.root, self.protocol, self.pickler._extra_reducers)
+        met, failed = self.survey()
         found = entries(self.root, met)
         if not any(entry.tensor is tensor for entry in found):
             found.append(unplaced(tensor, failed or _NOT_MET))
@@ -123,7 +128,7 @@ class Send:
         detached, at the user's line.  Raises whatever the warning filters make of it."""
         if not self.met or self.setting.mode is not Mode.WARN:
             return
-        met, failed = survey(self.root, self.protocol, self.pickler._extra_reducers)
+        met, failed = self.survey()
         located = {id(entry.tensor): entry for entry in entries(self.root, met)}
         why = failed or _NOT_MET
         found: List[Entry] = [located.get(id(tensor)) or unplaced(tensor, why) for tensor in self.met]
@@ -131,6 +136,14 @@ class Send:
             _report.send_detached_warning(self.root, self.setting, found),
             [entry.label for entry in found], [entry.tensor for entry in found]))
         _report.note_untested_torch_once()
+
+    def survey(self) -> Tuple[List[Met], Optional[str]]:
+        """The tensors with history the send meets, located by a survey (see `_send_survey`)."""
+        token = _surveying.set(True)
+        try:
+            return survey(self.root, self.protocol, self.pickler._extra_reducers)
+        finally:
+            _surveying.reset(token)
 
     def end(self) -> None:
         """The send's call ends: the copies are kept as long as the spawn or forkserver child
@@ -208,7 +221,7 @@ class SendingPatch:
 def _wanted() -> bool:
     """Whether a call of `dumps`/`dump` runs the shim's wrapper: where a mode applies, or where a
     send runs in this context (a send inside it, with no mode, must not be taken for part of it)."""
-    return _current_setting() is not None or _current.get() is not None
+    return _current_setting() is not None or _current.get() is not None or _surveying.get()
 
 
 def _dumps_arguments(obj: Any, protocol: Optional[int] = None) -> Tuple[Any, Optional[int]]:
@@ -225,7 +238,7 @@ def _sender(arguments: Callable[..., Tuple[Any, Optional[int]]], patch: SendingP
 
     def send(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
              kwargs: Dict[str, Any]) -> Any:
-        setting = _current_setting()
+        setting = _QUIET if _surveying.get() else _current_setting()
         try:
             root, protocol = arguments(*args, **kwargs)
         except TypeError:  # not the function's arguments: it says what is wrong

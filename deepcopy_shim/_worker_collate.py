@@ -39,8 +39,6 @@ __all__ = ["CollatePatch"]
 __tracebackhide__ = True
 
 _Collate = Callable[..., Any]
-# torch's words when autograd refuses the stack into shared memory (every release from 2.0 on).
-_AUTOGRAD_REFUSAL = "don't support automatic differentiation"
 
 
 class CollatePatch:
@@ -98,8 +96,6 @@ def _collate(original: _Collate) -> _Collate:
             try:
                 return original(batch, *args, **kwargs)  # torch refuses: its very error
             except RuntimeError as exc:
-                if _AUTOGRAD_REFUSAL not in str(exc):
-                    raise  # another problem of the batch's (samples of unequal sizes): torch's words
                 raise NonLeafTensorError(
                     _report.collate_refusal(setting, found, str(exc)), paths=[e.label for e in found],
                     mode=Mode.STRICT, tensors=[e.tensor for e in found]) from exc

@@ -146,16 +146,19 @@ def check_models(rank: int, normed: nn.Linear, net: CachingNet, path: str) -> No
 
 
 class HistoryDataset(Dataset):  # type: ignore[type-arg]
-    """Samples with history: `w * (i + 1)`, `w` a leaf that requires grad."""
+    """Samples with history: `w * (i + 1)`, `w` a leaf that requires grad; each sample's index is
+    put on `fetched` as it is made."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, fetched: Any) -> None:
         self.w = torch.ones(3, requires_grad=True)
         self.size = size
+        self.fetched = fetched
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> torch.Tensor:
+        self.fetched.put(index)
         return self.w * (index + 1)
 
 
@@ -268,16 +271,18 @@ def tm_spawn(method: str) -> Dict[str, Any]:
 
 def dataloader(method: str) -> Dict[str, Any]:
     # Where a batch is expected to be dropped (no mode, or strict), the loader's own time limit
-    # says so; elsewhere it only stops a hang.
+    # says so, once the workers have made every sample (they are then sent or dropped at once);
+    # elsewhere it only stops a hang.
     dropping = os.environ.get("DEEPCOPY_SHIM", "off") in ("off", "strict")
     out: Dict[str, Any] = {}
     for name, options in (("default", {"batch_size": 2}),
                           ("custom", {"batch_size": 2, "collate_fn": as_list}),
                           ("unbatched", {"batch_size": None})):
         timeout = 3 if dropping and name != "default" else WAIT
-        loader = DataLoader(HistoryDataset(4), num_workers=2, multiprocessing_context=method,
+        fetched = tmp.get_context(method).Queue()
+        loader = DataLoader(HistoryDataset(4, fetched), num_workers=2, multiprocessing_context=method,
                             timeout=timeout, **options)  # type: ignore[arg-type]
-        out[name] = _load(loader)
+        out[name] = _load(loader, fetched)
     if method != "fork":
         loader = DataLoader(HoldingDataset(), num_workers=2, batch_size=2, multiprocessing_context=method,
                             timeout=WAIT)
@@ -285,9 +290,15 @@ def dataloader(method: str) -> Dict[str, Any]:
     return out
 
 
-def _load(loader: DataLoader) -> Any:  # type: ignore[type-arg]
+def _load(loader: DataLoader, fetched: Any = None) -> Any:  # type: ignore[type-arg]
+    """Every batch of `loader`, described; or the error that ended the loading.  With `fetched`
+    (its dataset's queue), the first batch is waited for once the workers made all 4 samples
+    (2 workers each prefetch 2 indices)."""
     try:
-        return [_batch(batch) for batch in loader]
+        batches = iter(loader)
+        if fetched is not None:
+            assert sorted(fetched.get(timeout=WAIT) for _ in range(4)) == [0, 1, 2, 3]
+        return [_batch(batch) for batch in batches]
     except Exception as exc:
         return outcome(exc)
 
