@@ -179,6 +179,21 @@ def test_views_with_history_of_one_storage_share_one_storage_on_arrival() -> Non
     assert torch.equal(arrived[2].detach()[:, 1], torch.full((3,), 7.0))
 
 
+def test_a_tensor_torch_copies_its_own_way_arrives_as_a_leaf_too() -> None:
+    """A conjugate view (like a subclass, quantized or nested tensor) is copied by torch's own
+    `Tensor.__deepcopy__` of its detached view; plain tensors by the same steps, without it."""
+    with torch.enable_grad():
+        w = torch.ones(3, dtype=torch.cfloat, requires_grad=True)
+        plain = w * (1 + 2j)
+        conjugate = plain.conj()
+    assert conjugate.is_conj() and not conjugate.is_leaf
+    with deepcopy_shim.enabled("silent"):
+        got_plain, got_conjugate = sent((plain, conjugate))
+    assert_arrived_as_a_leaf(got_plain, plain)
+    assert got_conjugate.is_leaf and got_conjugate.requires_grad
+    assert torch.equal(got_conjugate.detach().resolve_conj(), conjugate.detach().resolve_conj())
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_leaves_and_parameters_are_sent_as_torch_sends_them(mode: str) -> None:
     """Shared memory, in place, as without the shim: the received tensor is the sender's memory."""
