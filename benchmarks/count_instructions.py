@@ -11,7 +11,9 @@ next replaces it is counted (alike for every method).  Needs valgrind; ~1 minute
     .venv/bin/python benchmarks/count_instructions.py --method floor      # the hand-written floor
 
 `--ref` copies with the package `deepcopy_shim` as committed there (see ab_module.py); without
-it, with this checkout's.  `--mode native` removes nothing: it copies with the shim disabled.
+it, with this checkout's.  `--mode native` removes nothing: it copies with the shim disabled;
+`--mode installed` copies with the patch installed (`enable()`) inside a scope without the shim.
+`--case plain` is `bench_copy.plain_data()`, data without a tensor.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def inner(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(HERE))
     import ab_module
+    import bench_copy
     import floor_module_heavy
 
     torch.set_num_threads(1)
@@ -47,13 +50,19 @@ def inner(args: argparse.Namespace) -> None:
         "module-heavy": lambda: floor_module_heavy.module_heavy(args.blocks),
         "non-leaf": lambda: ab_module.module_heavy_nonleaf(args.blocks),
         "dict": lambda: ab_module.tensor_dict(args.dict_n, 8),
+        "plain": bench_copy.plain_data,
     }
     obj = builders[args.case]()
     fn = copy.deepcopy
+    shim = ab_module.load_old(args.ref) if args.ref else deepcopy_shim
     if args.method == "floor":
         fn = floor_module_heavy.copy_model
+    elif args.mode == "installed":  # the patch installed, no mode where the copies are made
+        shim.enable("warn")
+        off = shim.enabled("off")
+        off.start()
     elif args.mode != "native":
-        (ab_module.load_old(args.ref) if args.ref else deepcopy_shim).enable(args.mode)
+        shim.enable(args.mode)
     fn(obj)
     gc.collect()
     gc.disable()
@@ -62,8 +71,10 @@ def inner(args: argparse.Namespace) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=("module-heavy", "non-leaf", "dict"), default="module-heavy")
-    parser.add_argument("--mode", choices=("silent", "warn", "strict", "native"), default="silent")
+    parser.add_argument("--case", choices=("module-heavy", "non-leaf", "dict", "plain"),
+                        default="module-heavy")
+    parser.add_argument("--mode", choices=("silent", "warn", "strict", "native", "installed"),
+                        default="silent")
     parser.add_argument("--method", choices=("deepcopy", "floor"), default="deepcopy")
     parser.add_argument("--ref", default=None, help="copy with the package as at this git ref")
     parser.add_argument("--blocks", type=int, default=100)

@@ -80,7 +80,7 @@ class Locator:
     as long as the locator can be asked about it.
     """
 
-    __slots__ = ("_located", "_stuck", "_tables", "_searched", "_reach")
+    __slots__ = ("_located", "_stuck", "_tables", "_searched", "_reach", "_keys")
 
     def __init__(self, root: Any) -> None:
         # id(object) -> (object, its path, how many steps of access that path takes).
@@ -96,6 +96,8 @@ class Locator:
         # id(anchor) -> {id(object): (object, path from the anchor)}: what a bounded search
         # from an anchor reaches, made once per anchor the copy's own way could not leave.
         self._reach: Dict[int, Dict[int, Tuple[Any, str, int]]] = {}
+        # id(mapping) -> the ids of its keys, for the mappings a path stops at: made once each.
+        self._keys: Dict[int, Set[int]] = {}
 
     def locate(self, node: Tuple[Any, Any]) -> Tuple[str, Optional[str]]:
         """Locate `node[0]`, met by the copy through the objects of `node`'s parents (a node is
@@ -185,7 +187,7 @@ class Locator:
                         located[id(obj)] = (obj, reached, steps)
                         break
                 else:
-                    failed = (path, _why(anchor, way[index][0]))
+                    failed = (path, self._why(anchor, way[index][0]))
                     for passed in way[index:]:
                         stuck[id(passed)] = failed
                     return failed
@@ -269,6 +271,35 @@ class Locator:
             self._tables[key] = table
         return table.get(id(child))
 
+
+    def _why(self, anchor: Any, unreached: Any) -> str:
+        """Why no Python access leads from `anchor` to `unreached`, the next object the copy
+        met.  A mapping's keys and items are looked up in tables made once per mapping, so
+        naming every value of a dict keyed by objects without a literal (the forward-hook idiom
+        `activations[module] = output`) reads the dict a bounded number of times in all."""
+        kind = type(anchor)
+        name = class_name(kind)
+        if isinstance(anchor, (set, frozenset)):
+            return f"a member of this {name} (sets have no index)"
+        if isinstance(anchor, dict):
+            keys = self._keys.get(id(anchor))
+            if keys is None:
+                keys = self._keys[id(anchor)] = {id(key) for key in anchor}
+            if id(unreached) in keys:
+                return f"a key of this {name}"
+            raw = self._raw_step(anchor, unreached)
+            if raw is not None and raw[0] == _ITEM:
+                return f"under a key of this {name} that has no literal spelling ({class_name(type(raw[1]))})"
+        custom = getattr(kind, "__deepcopy__", None)
+        if custom is not None:
+            return f"copied by {name}.__deepcopy__"
+        if kind in copyreg.dispatch_table:
+            return f"rebuilt by the copyreg reducer for {name}"
+        for method, plain in _PLAIN_REDUCTIONS.items():
+            found = getattr(kind, method, None)
+            if found is not None and found not in plain and not isinstance(anchor, (list, dict, tuple)):
+                return f"rebuilt from what {name}.{method} returns"
+        return f"not reachable by attribute or item access from this {name}"
 
 # A step before it is spelled: (kind, name or key or index[, store, position]).  Spelling every
 # member of every parent searched would cost more than the search; only steps taken are spelled.
@@ -455,28 +486,3 @@ def _has_literal(key: Any) -> bool:
     if kind is tuple:
         return all(_has_literal(item) for item in key)
     return False
-
-
-def _why(anchor: Any, unreached: Any) -> str:
-    """Why no Python access leads from `anchor` to `unreached`, the next object the copy met."""
-    kind = type(anchor)
-    name = class_name(kind)
-    if isinstance(anchor, (set, frozenset)):
-        return f"a member of this {name} (sets have no index)"
-    if isinstance(anchor, dict):
-        for key, value in anchor.items():
-            if key is unreached:
-                return f"a key of this {name}"
-            if value is unreached:
-                return f"under a key of this {name} that has no literal spelling ({class_name(type(key))})"
-    custom = getattr(kind, "__deepcopy__", None)
-    if custom is not None:
-        return f"copied by {name}.__deepcopy__"
-    if kind in copyreg.dispatch_table:
-        return f"rebuilt by the copyreg reducer for {name}"
-    for method, plain in _PLAIN_REDUCTIONS.items():
-        found = getattr(kind, method, None)
-        if found is not None and found not in plain and not isinstance(anchor, (list, dict, tuple)):
-            return f"rebuilt from what {name}.{method} returns"
-    return f"not reachable by attribute or item access from this {name}"
-

@@ -3,7 +3,10 @@
 `copy.deepcopy(x, memo)` asks `copy._deepcopy_dispatch.get(type(x))` for a copier before it
 does anything else with an object the memo does not hold, and only `copy.deepcopy` reads that
 table (torch's StateDictStager and other copiers keep tables of their own).  While the shim is
-installed, the table is a `DispatchTable`: the same entries, and a `get` that answers
+installed, `copy._deepcopy_dispatch` is a `DispatchTable`: a stand-in that holds no entry of
+its own and answers every read and write from the table it stands for (so code that took a
+reference to that table before the install, and the table put back at removal, are the same
+table), and whose `get` answers
 
 - where no mode applies in this thread or task: exactly the table's entry (native);
 - for the first object of a copy made where a mode applies: `DispatchTable.copy_root`, which starts the
@@ -23,7 +26,7 @@ lookup as natively, in every thread, whatever mode applies where.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterable, Optional
 
 import torch
 
@@ -40,8 +43,9 @@ _Module = torch.nn.Module
 _tracing = _compiler.tracing
 _getframe = sys._getframe
 _DEEPCOPY_CODE = _protocol.DEEPCOPY_CODE
-_current = _record.current
-_scope_chain = _modes.scope_chain
+_running = _modes.running_copy
+_copy_wanted = _modes.copy_wanted
+_scope_head = _modes.scope_head
 _current_setting = _modes.current_setting
 
 
@@ -55,16 +59,22 @@ def copier_for(cls: type, copy_: _record.Copy) -> Optional[_Copier]:
 
 
 class DispatchTable(dict):  # type: ignore[type-arg]
-    """`copy._deepcopy_dispatch` while the shim is installed: a dict with the entries of the
-    table it stands in for (`original`, which every change made through this one changes too,
-    and which deepcopy's questions are answered from), and a `get` that answers as the module
-    docstring says."""
+    """`copy._deepcopy_dispatch` while the shim is installed: a dict that holds nothing itself
+    and answers every read and write, copy, pickle, comparison and repr from `original`, the
+    table it stands for, as that plain dict answers them; its `get` answers as the module
+    docstring says.  Made by `standing_in_for`."""
 
-    __slots__ = ("original",)
+    __slots__ = ("original", "hold")
+    original: Dict[Any, Any]
+    hold: Callable[[], ContextManager[Any]]
 
-    def __init__(self, original: Dict[type, Any]) -> None:
-        super().__init__(original)
-        self.original = original
+    @classmethod
+    def standing_in_for(cls, original: Dict[Any, Any],
+                        hold: Callable[[], ContextManager[Any]]) -> DispatchTable:
+        """The stand-in for `original`; `hold()` keeps the patch installed while a copy runs."""
+        made = cls.__new__(cls)
+        made.original, made.hold = original, hold
+        return made
 
     def get(self, cls: Any, default: Any = None) -> Any:
         found = self.original.get(cls, default)
@@ -72,8 +82,8 @@ class DispatchTable(dict):  # type: ignore[type-arg]
             return found
         # Only `copy.deepcopy`'s own question is answered otherwise: whoever else asks the
         # table (a copier of its own, monkeypatch) gets its entries as they are.
-        copy_ = _current()
-        if copy_ is not None and copy_.chain is _scope_chain() and copy_.open:
+        copy_ = _running()
+        if copy_ is not None and copy_.open:
             # An object of the copy running here: the table's entry, or the shim's copier for
             # a module or a survey's tensor (copier_for, written out: this runs for every one).
             if found is None and (copy_.survey is not None or issubclass(cls, _Module)):
@@ -81,16 +91,17 @@ class DispatchTable(dict):  # type: ignore[type-arg]
                 if copier is not None and _getframe(1).f_code is _DEEPCOPY_CODE:
                     return copier
             return found
-        if copy_ is not None and copy_.survey is not None and copy_.open:
-            if _getframe(1).f_code is _DEEPCOPY_CODE:
-                return self.copy_root  # a scope entered during a survey is surveyed too
-        scope = _scope_chain()
+        # Whether a copy started here is the shim's (`_modes.copy_wanted`, written out for its
+        # two common cases: every deepcopy in the process asks this, plain data included).
+        scope = _scope_head()
         if scope is None:
-            setting = _modes.global_setting()
+            wanted = _modes._global is not None  # the global setting, read without a call
+        elif scope.live:
+            wanted = scope.setting is not None or scope.survey is not None
         else:
-            setting = scope.setting if scope.live else _current_setting()
-        if setting is not None and _getframe(1).f_code is _DEEPCOPY_CODE:
-            return self.copy_root  # the first object of a copy made in a mode
+            wanted = _copy_wanted()
+        if wanted and _getframe(1).f_code is _DEEPCOPY_CODE:
+            return self.copy_root  # the first object of a copy made in a mode, or in a survey
         return found
 
     def copy_root(self, x: Any, memo: Any) -> Any:
@@ -110,45 +121,94 @@ class DispatchTable(dict):  # type: ignore[type-arg]
         if setting is None and survey is None:  # called by someone else, where no mode applies
             return found(x, memo) if found is not None else _protocol.copy_undispatched(x, memo)
         copy_ = _record.Copy(x, memo, setting, sys._getframe(0), survey)
-        with _record.opened(copy_):
+        # The patch stays installed until the copy ends, whoever disables the shim meanwhile
+        # (another thread, a scope left inside the copy): a copy is made in the mode it began in.
+        with self.hold(), _record.opened(copy_):
             copier = found if found is not None else copier_for(cls, copy_)
             copied = copier(x, memo) if copier is not None else _protocol.copy_undispatched(x, memo)
-            copy_.settle_storages()
         if copy_.met and survey is None:
             copy_.report()
         return copied
 
-    # Changes go to both tables, so that the one put back when the shim is removed holds them.
+    # The rest of the dict API, answered by the table stood for: one table, whoever holds it.
+    def __getitem__(self, key: Any) -> Any:
+        return self.original[key]
+
     def __setitem__(self, key: Any, value: Any) -> None:
         self.original[key] = value
-        dict.__setitem__(self, key, value)
 
     def __delitem__(self, key: Any) -> None:
         del self.original[key]
-        dict.__delitem__(self, key)
 
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        self.original.setdefault(key, default)
-        return dict.setdefault(self, key, default)
+    def __contains__(self, key: object) -> bool:
+        return key in self.original
+
+    def __iter__(self) -> Any:
+        return iter(self.original)
+
+    def __reversed__(self) -> Any:
+        return reversed(self.original)
+
+    def __len__(self) -> int:
+        return len(self.original)
+
+    def __eq__(self, other: object) -> bool:
+        return self.original == (other.original if isinstance(other, DispatchTable) else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __repr__(self) -> str:
+        return repr(self.original)
+
+    def __or__(self, other: Any) -> Any:
+        return self.original | other
+
+    def __ror__(self, other: Any) -> Any:
+        return other | self.original
+
+    def __ior__(self, other: Any) -> DispatchTable:
+        self.original |= other
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # `t.__init__(...)` updates, as a dict's
+        self.original.update(*args, **kwargs)
+
+    def keys(self) -> Any:
+        return self.original.keys()
+
+    def values(self) -> Any:
+        return self.original.values()
+
+    def items(self) -> Any:
+        return self.original.items()
 
     def pop(self, key: Any, *default: Any) -> Any:
-        self.original.pop(key, *default)
-        return dict.pop(self, key, *default)
+        return self.original.pop(key, *default)
 
     def popitem(self) -> Any:
-        key, value = dict.popitem(self)
-        self.original.pop(key, None)
-        return key, value
+        return self.original.popitem()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        return self.original.setdefault(key, default)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
-        changes = dict(*args, **kwargs)
-        self.original.update(changes)
-        dict.update(self, changes)
-
-    def __ior__(self, other: Any) -> DispatchTable:  # type: ignore[misc]
-        self.update(other)
-        return self
+        self.original.update(*args, **kwargs)
 
     def clear(self) -> None:
         self.original.clear()
-        dict.clear(self)
+
+    def copy(self) -> Dict[Any, Any]:
+        return self.original.copy()
+
+    __copy__ = copy
+
+    @classmethod
+    def fromkeys(cls, keys: Iterable[Any], value: Any = None) -> Dict[Any, Any]:
+        return dict.fromkeys(keys, value)
+
+    def __sizeof__(self) -> int:
+        return self.original.__sizeof__()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # pickled, and deep-copied, as a plain dict
+        return (dict, (dict(self.original),))

@@ -63,13 +63,21 @@ class DetachedTensorsWarning(DeepcopyShimWarning):
         return tuple(ref() for ref in self._tensors)
 
     def __reduce__(self) -> Any:
-        # Pickled (sent back from a worker process whose warning filters made it an error) as
-        # what it says; the tensors, held weakly, stay behind.
-        return (_rebuild_warning, (str(self), self.paths))
+        # Pickled (sent back from a worker process) as what it says; its tensors, which cannot
+        # be pickled, come back absent.
+        return (_rebuild_warning, (type(self), str(self), self.paths, len(self._tensors)))
 
 
-def _rebuild_warning(message: str, paths: Tuple[str, ...]) -> DetachedTensorsWarning:
-    return DetachedTensorsWarning(message, paths)
+def _rebuild_warning(cls: Any, message: str, paths: Tuple[str, ...], count: int) -> Any:
+    made = cls(message, paths)
+    made._tensors = (_absent,) * count
+    return made
+
+
+def _absent() -> None:
+    """What a tensor an unpickled warning or error named is: absent (as a weak reference to a
+    tensor since freed answers)."""
+    return None
 
 
 class PatchConflictWarning(DeepcopyShimWarning):
@@ -183,9 +191,9 @@ class NonLeafTensorError(RuntimeError):
 
     def __reduce__(self) -> Any:
         # Pickled (sent back from a worker process) as what it says; the tensors, which hold
-        # autograd history and cannot be pickled, stay behind.
-        message, paths, _ = self._resolved()
-        return (_rebuild_refusal, (message, paths, self.mode))
+        # autograd history and cannot be pickled, come back absent.
+        message, paths, tensors = self._resolved()
+        return (_rebuild_refusal, (type(self), message, paths, self.mode, len(tensors)))
 
 
 def _as_str(args: Tuple[Any, ...]) -> str:
@@ -197,8 +205,11 @@ def _weakly(tensors: Sequence[Any]) -> Tuple[Any, ...]:
     return tuple(weakref.ref(tensor) for tensor in tensors)
 
 
-def _rebuild_refusal(message: str, paths: Tuple[str, ...], mode: Mode) -> NonLeafTensorError:
-    return NonLeafTensorError(message, paths=paths, mode=mode)
+def _rebuild_refusal(cls: Any, message: str, paths: Tuple[str, ...], mode: Mode,
+                     count: int) -> NonLeafTensorError:
+    made: NonLeafTensorError = cls(message, paths=paths, mode=mode)
+    made._report = (message, tuple(paths), (_absent,) * count)
+    return made
 
 
 class DetachedCopyError(RuntimeError):
@@ -213,6 +224,8 @@ class DetachedCopyError(RuntimeError):
 
     __module__ = "deepcopy_shim"
 
-    def __init__(self, message: str, *, path: str) -> None:
+    def __init__(self, message: str = "", *, path: str = "") -> None:
+        # (The path has a default, as every argument but the message of NonLeafTensorError:
+        # an exception is unpickled, and remade by `raise type(exc)(...)`, from its message.)
         super().__init__(message)
         self.path = path

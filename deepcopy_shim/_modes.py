@@ -25,6 +25,7 @@ __all__ = [
     "ModeValueError",
     "Scope",
     "Source",
+    "copy_wanted",
     "current_setting",
     "global_setting",
     "innermost_scope",
@@ -32,7 +33,10 @@ __all__ = [
     "parse_mode",
     "pop_scope",
     "push_scope",
-    "scope_chain",
+    "running_copy",
+    "scope_head",
+    "start_copy",
+    "end_copy",
     "swap_global",
     "valid_values",
 ]
@@ -218,10 +222,11 @@ class Scope:
     `entrant` is the thread and asyncio task that entered it: a task created inside the scope
     inherits it (asyncio copies the context) but cannot leave it.  `live` is True until the
     entrant leaves it: from then on it applies nowhere, also not in the tasks and contexts that
-    were copied from the entrant's while it was live and still hold it.
+    were copied from the entrant's while it was live and still hold it.  `hides` is the copy
+    that was running where it was entered (see `running_copy`), until it is left.
     """
 
-    __slots__ = ("owner", "setting", "outer", "survey", "entrant", "live")
+    __slots__ = ("owner", "setting", "outer", "survey", "entrant", "live", "hides")
 
     def __init__(self, owner: object, setting: Optional[ModeSetting], outer: Optional[Scope],
                  survey: Any = None) -> None:
@@ -231,6 +236,7 @@ class Scope:
         self.survey: Any = survey if survey is not None else (outer.survey if outer is not None else None)
         self.entrant: Any = _entrant()
         self.live = True
+        self.hides: Any = None
 
 
 def _entrant() -> Any:
@@ -286,11 +292,32 @@ def current_setting() -> Optional[ModeSetting]:
     return _global
 
 
-# scope_chain() -> this thread's or task's chain of scopes as it stands (its innermost entry,
-# live or not): a copy started in it compares it with the chain at each object it copies, to
-# tell its own objects from a copy made in a scope entered inside it.  The variable's own
-# bound `get`, not a function around it: it runs for every object a copy meets.
-scope_chain: Callable[[], Optional[Scope]] = _scoped.get
+def copy_wanted() -> bool:
+    """True if a copy started now in this thread or task is one of the shim's: a mode applies
+    here, or a survey (see `_survey`) runs in the scope it is started in."""
+    scope = _scoped.get()
+    while scope is not None:
+        if scope.live:
+            return scope.setting is not None or scope.survey is not None
+        scope = scope.outer
+    return _global is not None
+
+
+# The copy of the shim's running in this thread or task (a `_record.Copy`, open or closed): set
+# by the call that starts it (`start_copy`) and reset by that call as it ends, whatever happens
+# in between.  A scope entered while it runs hides it (a copy made in the scope is a copy of its
+# own) until that scope is left, when it runs on.  Which copy runs is never worked out from the
+# scope chain: a scope's exit may leave the chain other than it found it (see `pop_scope`).
+_running: contextvars.ContextVar[Any] = contextvars.ContextVar("deepcopy_shim_copy", default=None)
+# running_copy() -> that copy, or None.  The variable's own bound `get`, not a function around
+# it: it runs for every object a copy meets.
+running_copy: Callable[[], Any] = _running.get
+start_copy = _running.set  # -> the token its caller resets the variable with as the copy ends
+end_copy = _running.reset
+
+
+# scope_head() -> this thread's or task's innermost scope entry, live or not (see `copy_wanted`).
+scope_head: Callable[[], Optional[Scope]] = _scoped.get
 
 
 def global_setting() -> Optional[ModeSetting]:
@@ -317,8 +344,12 @@ def swap_global(setting: Optional[ModeSetting]) -> Optional[ModeSetting]:
 
 
 def push_scope(owner: object, setting: Optional[ModeSetting], survey: Any = None) -> Scope:
-    """Enter a scope of `owner` in this thread or task (`setting` None: off in it)."""
+    """Enter a scope of `owner` in this thread or task (`setting` None: off in it), hiding the
+    copy running here, if any, until it is left."""
     scope = Scope(owner, setting, _scoped.get(), survey)
+    scope.hides = _running.get()
+    if scope.hides is not None:
+        _running.set(None)
     _scoped.set(scope)
     return scope
 
@@ -340,7 +371,10 @@ def pop_scope(owner: object) -> Scope:
             "(each thread and asyncio task leaves the scopes it entered)"
         )
     scope.live = False
+    hidden, scope.hides = scope.hides, None
     top = _scoped.get()
     if top is scope or (top is not None and not top.live):
         _scoped.set(innermost_scope())  # the chain's dead head is dropped here
+    if top is scope and hidden is not None and hidden.open and _running.get() is None:
+        _running.set(hidden)  # left where it was entered: the copy it was entered in runs on
     return scope

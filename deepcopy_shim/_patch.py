@@ -82,7 +82,7 @@ class _Patch:
                 f"standard library makes but {type(self.table).__qualname__} (another patch "
                 "replaced it). Disable the other patch, or use torch's own copy."
             )
-        self.table_patch = DispatchTable(self.table)
+        self.table_patch = DispatchTable.standing_in_for(self.table, holding)
         # Sending to another process: copies are made with torch's own Tensor.__deepcopy__.
         self.sending = SendingPatch(self.original)
         self.collate = CollatePatch()

@@ -15,7 +15,6 @@ from typing import Any, Callable, Dict, Optional
 
 __all__ = [
     "ATOMIC_TYPES",
-    "COPY_FRAMES",
     "DEEPCOPY",
     "DEEPCOPY_ATOMIC",
     "DEEPCOPY_CODE",
@@ -51,12 +50,6 @@ assert (X_LOCAL, MEMO_LOCAL) == ("x", "memo"), (
     f"deepcopy_shim: copy.deepcopy's parameters are {DEEPCOPY_CODE.co_varnames[:2]!r}, not "
     "('x', 'memo'); this Python's copy module is not one deepcopy_shim knows"
 )
-
-# Frames that copy one object each, and the local holding that object: deepcopy's own, and the
-# shortcuts the shim's module copier takes instead of deepcopy (it registers them), so that a
-# copy's path to a tensor names every object the copy went through.  Keyed by id() of the code
-# object (they live as long as their functions): hashing a code object costs twice as much.
-COPY_FRAMES: Dict[int, str] = {id(DEEPCOPY_CODE): X_LOCAL}
 
 # deepcopy looks its dispatch table up by its global name at every call (`_deepcopy_dispatch.get(
 # cls)`, the first thing it asks about an object the memo does not hold): the table installed in

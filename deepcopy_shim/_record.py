@@ -4,16 +4,17 @@ A *top-level copy* is a copy the shim sees start, in a thread or task where a mo
 
 - `copy.deepcopy` asks its dispatch table for a copier for every object it copies; while the
   shim is installed, that table answers the first object of a copy made where a mode applies
-  (no copy of the current scope chain running in this context) with `_dispatch.copy_root`,
+  (no copy of the shim's running in this context) with `_dispatch.copy_root`,
   which makes a `Copy`, runs the object's copy, and closes the `Copy` in its own `finally`;
 - a tensor's `__deepcopy__` called directly where no `Copy` is running (by code of its own, or
   by a deepcopy that is not the standard library's) makes one for that tensor's copy.
 
-The `Copy` lives in a context variable while its call runs: every object copied below it in
-the same thread or task, also by a copy a custom `__deepcopy__` starts with a fresh memo,
-belongs to it; a copy made in a scope entered inside it (or by `deepcopy_shim.deepcopy()`,
-`find_nonleaf_tensors()`) is a top-level copy of its own, because the scope chain differs.
-Nothing of it is ever found again on the stack or in the memo: when its call ends, it ends,
+The `Copy` lives in a context variable while its call runs (`_modes.running_copy`): every
+object copied below it in the same thread or task, also by a copy a custom `__deepcopy__` starts
+with a fresh memo, belongs to it, and is named once however often it is met; a copy made in a
+scope entered inside it (or by `deepcopy_shim.deepcopy()`, `find_nonleaf_tensors()`) is a
+top-level copy of its own, because entering a scope hides the running copy until the scope is
+left.  Nothing of it is ever found again on the stack or in the memo: when its call ends, it ends,
 whatever the caller keeps (a memo, an error).
 
 What a `Copy` met is kept as *nodes*: `(object, parent node)`, from its root down to each
@@ -28,9 +29,7 @@ not kept alive until it ends.
 
 from __future__ import annotations
 
-import contextvars
-from threading import get_ident
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -39,7 +38,6 @@ from ._access import Entry, Locator
 from ._errors import DetachedTensorsWarning
 from ._modes import ModeSetting
 from ._notices import warn_in_user_code
-from ._spans import Spans
 
 __all__ = ["Copy", "Node", "current", "current_copy", "entries", "opened", "surveying", "unplaced"]
 
@@ -48,6 +46,8 @@ __all__ = ["Copy", "Node", "current", "current_copy", "entries", "opened", "surv
 __tracebackhide__ = True
 
 _Frame = Any
+_DEEPCOPY_CODE = _protocol.DEEPCOPY_CODE
+_X_LOCAL = _protocol.X_LOCAL  # the local of a deepcopy frame that holds the object it copies
 # (object, parent node): one object a copy went through, linked towards the copy's root.
 Node = Tuple[Any, Any]
 # One tensor met: (tensor, its node).
@@ -64,9 +64,8 @@ class Copy:
     report, which its owner makes and then drops.
     """
 
-    __slots__ = ("root", "memo", "start", "setting", "chain", "survey", "frame", "root_node",
-                 "met", "failed", "walked", "walked_at", "refused", "storages", "enclosing",
-                 "thread", "walking", "open")
+    __slots__ = ("root", "memo", "start", "setting", "survey", "frame", "root_node", "met",
+                 "named", "failed", "walked", "walked_at", "refused", "walking", "open")
 
     def __init__(self, root: Any, memo: Any, setting: Optional[ModeSetting], frame: _Frame,
                  survey: Any = None) -> None:
@@ -76,11 +75,13 @@ class Copy:
         # hand): the survey of a strict refusal starts from those.  None: not a dict.
         self.start: Optional[int] = len(memo) if isinstance(memo, dict) else None
         self.setting = setting
-        self.chain = _modes.scope_chain()  # the scope chain it runs in (see _dispatch)
         self.survey = survey  # the survey this copy is made for (see _survey), if any
         self.frame = frame  # the frame that started it: a walk up from a tensor stops there
         self.root_node: Node = (root, None)
         self.met: List[_Met] = []
+        # id(tensor) -> its entry in `met`: a tensor met again (copied again without the memo)
+        # is named once, where the copy met it first.  Its id is its own: `met` holds it.
+        self.named: Dict[int, _Met] = {}
         self.failed: Set[int] = set()  # ids of entries of `met` whose copy failed
         # The copy frames of the stack read last, outermost first, each with its node; and
         # id(frame) -> its index there (an id is safe to look up: `walked` holds the frame).
@@ -88,11 +89,6 @@ class Copy:
         self.walked_at: Dict[int, int] = {}
         self.walking = False  # True while `node_of` changes `walked`
         self.refused: Any = None  # its strict refusals (a _refusal.RefusedCopy), once one was raised
-        self.storages: Optional[Spans] = None  # what it took of storages in part (see _spans)
-        # The copy running in this context when this one started (a scope entered in a custom
-        # `__deepcopy__`, or a direct tensor copy there), if any: see `spans`.
-        self.enclosing = _current.get()
-        self.thread = get_ident()
         self.open = True
 
     def node_of(self, caller: _Frame) -> Node:
@@ -127,9 +123,8 @@ class Copy:
         are still on its stack (None where it is not below the frame that started this copy);
         and the copy frames above those, outermost first, each with its node.  Changes nothing."""
         walked, walked_at = self.walked, self.walked_at
-        copy_frames = _protocol.COPY_FRAMES
         stop = self.frame
-        pending: List[Tuple[_Frame, str]] = []
+        pending: List[_Frame] = []
         node, kept = self.root_node, 0
         frame = caller
         while frame is not stop:
@@ -141,13 +136,12 @@ class Copy:
                 # after it were read at an earlier tensor and have returned since.
                 node, kept = walked[index][1], index + 1
                 break
-            local = copy_frames.get(id(frame.f_code))
-            if local is not None:
-                pending.append((frame, local))
+            if frame.f_code is _DEEPCOPY_CODE:
+                pending.append(frame)
             frame = frame.f_back
         read = []
-        for frame, local in reversed(pending):
-            obj = frame.f_locals[local]
+        for frame in reversed(pending):
+            obj = frame.f_locals[_X_LOCAL]
             if obj is not node[0]:
                 node = (obj, node)
             read.append((frame, node))
@@ -158,62 +152,38 @@ class Copy:
         node = self.root_node if tensor is self.root else self.node_of(caller)
         return node if node[0] is tensor else (tensor, node)
 
-    def meet(self, tensor: torch.Tensor, caller: _Frame, setting: ModeSetting) -> _Met:
+    def meet(self, tensor: torch.Tensor, caller: _Frame, setting: ModeSetting) -> Optional[_Met]:
         """Enter `tensor`, met by the frame `caller` in mode warn (`setting`, which the report
-        names), to be reported when the copy is complete."""
-        met = (tensor, self.tensor_node(tensor, caller))
-        self.met.append(met)
+        names), to be reported when the copy is complete; None where this copy met it already
+        (it is named once, where it was met first)."""
         self.setting = setting
+        if id(tensor) in self.named:
+            return None
+        met = self.named[id(tensor)] = (tensor, self.tensor_node(tensor, caller))
+        self.met.append(met)
         return met
 
-    def forget(self, met: _Met) -> None:
-        """Leave `met` out of the report: its copy failed, so nothing was detached."""
-        self.failed.add(id(met))
+    def forget(self, met: Optional[_Met]) -> None:
+        """Leave `met` out of the report: its copy failed, so nothing was detached (met again
+        later, it is named where its copy succeeds)."""
+        if met is not None:
+            self.failed.add(id(met))
+            del self.named[id(met[0])]
 
     def path_of(self, tensor: torch.Tensor, caller: _Frame) -> str:
         """The path of `tensor`, being copied now (called by the frame `caller`)."""
         (entry,) = entries(self.root, [(tensor, self.tensor_node(tensor, caller))])
         return entry.label
 
-    def spans(self) -> Spans:
-        """The storages this copy took in part (see `_spans`): where it runs inside another copy
-        with the same memo (a scope a `__deepcopy__` enters, copying with the memo it was
-        given), that copy's, so that tensors of one storage copied by the two share one storage,
-        as torch's storage memo (the memo's) makes leaves share one."""
-        if self.storages is None:
-            outer = self.same_memo_outer()
-            self.storages = outer.spans() if outer is not None else Spans()
-        return self.storages
-
-    def same_memo_outer(self) -> Optional[Copy]:
-        """The innermost copy this one runs inside (started by its call, in this thread) that
-        copies with the same memo, if any; never for a survey's copy."""
-        if self.survey is not None:
-            return None
-        outer = self.enclosing
-        while outer is not None and outer.open and outer.thread == self.thread:
-            if outer.memo is self.memo and outer.survey is None:
-                return outer
-            outer = outer.enclosing
-        return None
-
-    def settle_storages(self) -> None:
-        """The copy is complete: see `Spans.settle`; a copy that took its storages with an outer
-        one's leaves them to that one's end."""
-        if self.storages is not None and self.same_memo_outer() is None:
-            self.storages.settle()
-
     def inside_another_copy(self) -> bool:
-        """True if a copy frame (see `_protocol.COPY_FRAMES`) is on the stack below the frame
-        that started this copy, other than the `copy.deepcopy` call of its root: this copy
-        runs inside another, native or not."""
-        copy_frames = _protocol.COPY_FRAMES
+        """True if a `copy.deepcopy` frame is on the stack below the frame that started this
+        copy, other than the call that copies its root: this copy runs inside another, native
+        or not."""
         own_call = True
         frame = self.frame.f_back if self.frame is not None else None
         while frame is not None:
-            if id(frame.f_code) in copy_frames:
-                if not (own_call and frame.f_code is _protocol.DEEPCOPY_CODE
-                        and frame.f_locals.get(_protocol.X_LOCAL) is self.root):
+            if frame.f_code is _DEEPCOPY_CODE:
+                if not (own_call and frame.f_locals.get(_X_LOCAL) is self.root):
                     return True
                 own_call = False
             frame = frame.f_back
@@ -225,14 +195,15 @@ class Copy:
         self.open = False
         self.walked.clear()
         self.walked_at.clear()
-        self.frame = self.memo = self.storages = self.refused = self.enclosing = None
+        self.named.clear()
+        self.frame = self.memo = self.refused = None
 
     def report(self) -> None:
         """Mode warn, the copy complete: one `DetachedTensorsWarning` naming every tensor it
         detached, at the user's line; then let go of them.  Raises whatever the warning filters
         make of the warning (`-W error`)."""
         found = entries(self.root, [m for m in self.met if id(m) not in self.failed])
-        self.met, self.failed = [], set()
+        self.met, self.failed, self.named = [], set(), {}
         if not found or self.setting is None:
             return
         warn_in_user_code(DetachedTensorsWarning(
@@ -242,24 +213,19 @@ class Copy:
         _report.note_untested_torch_once()
 
 
-# This context's current copy: set by the call that starts it, reset in that call's `finally`.
-_current: contextvars.ContextVar[Optional[Copy]] = contextvars.ContextVar(
-    "deepcopy_shim_copy", default=None)
-# current() -> the Copy set in this context, open or not, of this scope chain or not.
-current = _current.get
+# current() -> the Copy running in this thread or task (see `_modes.running_copy`), open or not.
+current: Callable[[], Optional[Copy]] = _modes.running_copy
 
 
 def current_copy() -> Optional[Copy]:
-    """The copy running in this thread or task, in the scope chain it started in; else None."""
-    found = _current.get()
-    if found is not None and found.open and found.chain is _modes.scope_chain():
-        return found
-    return None
+    """The copy running in this thread or task, if it is still open; else None."""
+    found = current()
+    return found if found is not None and found.open else None
 
 
 def surveying() -> bool:
     """True while a survey's copy (see `_survey`) runs in this thread or task."""
-    found = _current.get()
+    found = current()
     return found is not None and found.open and found.survey is not None
 
 
@@ -274,11 +240,11 @@ class opened:
         self.copy = copy_
 
     def __enter__(self) -> Copy:
-        self.token = _current.set(self.copy)
+        self.token = _modes.start_copy(self.copy)
         return self.copy
 
     def __exit__(self, kind: Any, error: Optional[BaseException], traceback: Any) -> None:
-        _current.reset(self.token)
+        _modes.end_copy(self.token)
         copy_ = self.copy
         try:
             if copy_.refused is not None:

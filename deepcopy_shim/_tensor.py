@@ -83,14 +83,13 @@ def stable_function_wrapper(wrapped: Callable[..., Any], wrapper: Callable[..., 
     """A `StableFunctionWrapper` of `wrapped` (with wrapt's `wrapper`, for calls through the
     class) whose instances bind `bound`."""
     current_setting, surveying, running = _current_setting, _surveying, _record.current
-    scope_chain = _modes.scope_chain
 
     class Bound(StableFunctionWrapper):
         def __get__(self, instance: Any, owner: Any = None) -> Any:
             if instance is None:
                 return self
             copy_ = running()
-            if copy_ is not None and copy_.open and copy_.chain is scope_chain():
+            if copy_ is not None and copy_.open:
                 return MethodType(bound, instance)  # in a copy the shim runs: asked first
             if current_setting() is None and not surveying():
                 return MethodType(wrapped, instance)
@@ -231,12 +230,11 @@ def make_tensor_deepcopy_wrapper(original: Callable[..., Any],
             return copied
 
     current = _record.current
-    scope_chain = _modes.scope_chain
 
     def bound_deepcopy(self: torch.Tensor, memo: Dict[Any, Any]) -> Any:
         # current_copy(), written out: this runs for every tensor a copy meets.
         copy_ = current()
-        if copy_ is not None and (not copy_.open or copy_.chain is not scope_chain()):
+        if copy_ is not None and not copy_.open:
             copy_ = None
         if copy_ is None:
             if _current_setting() is None:  # (a scope without the shim, entered in a survey)
@@ -265,14 +263,13 @@ def _copy_alone(original: Callable[..., Any], hold: Callable[[], ContextManager[
     setting = _current_setting()
     assert setting is not None  # the callers asked
     copy_ = _record.Copy(tensor, memo, setting, sys._getframe(0))
-    with _record.opened(copy_):
+    with hold(), _record.opened(copy_):
         try:
             copied = original(tensor, memo)
         except RuntimeError:
             copied = _after_refusal(original, hold, tensor, memo, caller, copy_)
             if copied is NIL:
                 raise
-        copy_.settle_storages()
     copy_.report()
     return copied
 
@@ -284,8 +281,9 @@ def _after_refusal(original: Callable[..., Any], hold: Callable[[], ContextManag
     RuntimeError of `original` being handled: NIL where that error stands (no mode applies,
     it is not torch's refusal, or the tensor is a leaf: the refusal came from somewhere inside
     it), the memo's copy where it has one, else the detached copy; in mode strict, raises
-    `NonLeafTensorError` with torch's error as its cause."""
-    setting = _current_setting()
+    `NonLeafTensorError` with torch's error as its cause.  The mode is the copy's own, the one
+    it started in, whatever scope was left or global setting changed since."""
+    setting = copy_.setting if copy_ is not None else None
     error: Any = sys.exc_info()[1]
     if setting is None or copy_ is None or not _is_torch_refusal(error, original) or tensor.is_leaf:
         return NIL  # (no copy runs only where no mode applies: see the callers)
@@ -330,17 +328,17 @@ def _bind(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any]:
 
 def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict[Any, Any],
                   setting: _modes.ModeSetting, caller: Any, copy_: _record.Copy) -> torch.Tensor:
-    """Copy the non-leaf `tensor` exactly as torch copies a leaf twin of it, in `copy_`.
+    """Copy the non-leaf `tensor` exactly as torch copies its detached alias, in `copy_`.
 
-    The twin is a detached alias of `tensor` given its instance dict (a shallow copy), its
-    slots and its retained `.grad`: torch's own function then copies it as it copies any leaf
-    (so strides, sparse and quantized layouts are exactly as torch makes them), deep-copying
-    the grad, slots and dict as it always does (leaving out its own non-serializable caches).
-    Its storage is what `_spans` says: the part of the source's storage it spans, or the whole
-    storage through torch's storage memo (so views and their bases copied in one deepcopy
-    still share storage).  Conj and neg bits are kept as bits (torch resolves them on leaves).
-    Then `requires_grad` is put back.  `caller` is the frame that called
-    `Tensor.__deepcopy__`; nothing of `tensor` changes.
+    The alias is `tensor.detach()` (of `tensor`'s class), given `tensor`'s instance dict (a
+    shallow copy), its slots and its retained `.grad`: torch's own function then copies it with
+    `memo` as it copies any leaf, so the copy is what `copy.deepcopy(tensor.detach(), memo)`
+    makes: the storage copied once per copy through torch's storage memo and shared by every
+    tensor of that storage in the copy, strides and storage offset kept, conj and neg bits
+    resolved as torch resolves them on a leaf, sparse and quantized layouts as torch makes
+    them, the grad, slots and dict deep-copied as torch always does.  Then `requires_grad` is
+    put back.  `caller` is the frame that called `Tensor.__deepcopy__`; nothing of `tensor`
+    changes, and the alias is kept alive as long as the memo (its id is a key there).
 
     In mode warn the tensor enters its copy's record as it is met, so that the record keeps
     the order of the copy, and leaves it again if its copy fails: then `DetachedCopyError`
@@ -348,39 +346,15 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
     "graph leaves" refusal).
     """
     met = copy_.meet(tensor, caller, setting) if setting.mode is Mode.WARN else None
-    cls = type(tensor)
     try:
         with torch.no_grad():
             alias = tensor.detach()
-            if type(alias) is not cls:
+            if type(alias) is not type(tensor):
                 # Under torch-function-disabled redispatch detach() returns a plain Tensor.
-                alias = alias.as_subclass(cls)
-            # torch resolves conj/neg bits physically (a new storage, aliasing lost); copy the
-            # raw data through the storage memo instead and put the lazy bit back on the copy.
-            conj, neg = alias.is_conj(), alias.is_neg()
-            if conj:
-                alias = alias.conj()
-            if neg:
-                alias = torch._neg_view(alias)
-            # The storage its copy takes (see _spans): its own part, or the whole, as torch's.
-            part = None if conj or neg else copy_.spans().twin(alias, memo)
-            twin = alias if part is None else part
-            # A conj or neg view made of the copy below is a tensor of its own: the grad goes
-            # on that one, after it.
-            grad = _give_state(tensor, twin, with_grad=not (conj or neg))
-            keep_alive(twin, memo)
-            if part is None:
-                result: torch.Tensor = original(twin, memo)
-            else:
-                result = _copy_on_its_storage(original, twin, memo)
-                copy_.spans().made(alias, memo, result)
-            if neg:
-                result = torch._neg_view(result)
-            if conj:
-                result = result.conj()
-            if grad is not None:  # a retained grad the twin did not take: copied after it
-                copier: Any = grad.__deepcopy__
-                result.grad = copier(memo)
+                alias = alias.as_subclass(type(tensor))
+            _give_state(tensor, alias)
+            keep_alive(alias, memo)
+            result: torch.Tensor = original(alias, memo)
     except Exception:
         _detached_copy_failed(copy_, met, tensor, caller)
         raise  # not torch's failure: the error of the user's code, unchanged
@@ -388,22 +362,6 @@ def copy_detached(original: Callable[..., Any], tensor: torch.Tensor, memo: Dict
     if tensor.requires_grad:
         result.requires_grad_(True)
     return result
-
-
-def _copy_on_its_storage(original: Callable[..., Any], twin: torch.Tensor,
-                         memo: Dict[Any, Any]) -> torch.Tensor:
-    """torch's copy of `twin`, whose storage is already the copy's: torch's storage memo is
-    told so for this one call, and forgets it after."""
-    whole = memo.setdefault("torch", {})  # as torch's own storage copy asks for it
-    storage = twin.untyped_storage()
-    key = storage._cdata
-    whole[key] = storage
-    try:
-        copied: torch.Tensor = original(twin, memo)
-    finally:
-        if whole.get(key) is storage:
-            del whole[key]
-    return copied
 
 
 def _detached_copy_failed(copy_: _record.Copy, met: Any, tensor: torch.Tensor, caller: Any) -> None:
@@ -431,21 +389,17 @@ def _raised_in_torch(tb: Any) -> bool:
     return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_TORCH_DIR)
 
 
-def _give_state(tensor: torch.Tensor, twin: torch.Tensor, with_grad: bool) -> Optional[torch.Tensor]:
-    """Give the leaf `twin` what torch's deepcopy copies beside the data of `tensor`: its
-    instance dict (shallow), slots and, `with_grad`, its retained `.grad`.  Returns the
-    retained grad if the twin was not to take it (the caller copies it after), else None."""
+def _give_state(tensor: torch.Tensor, alias: torch.Tensor) -> None:
+    """Give the leaf `alias` what torch's deepcopy copies beside the data of `tensor`: its
+    instance dict (shallow), slots and retained `.grad`."""
     state = existing_instance_dict(tensor)
     if state:
-        twin.__dict__ = dict(state)
+        alias.__dict__ = dict(state)
     cls = type(tensor)
     if cls is not torch.Tensor:
         for slot in copyreg._slotnames(cls):  # type: ignore[attr-defined]
             if hasattr(tensor, slot):
-                setattr(twin, slot, getattr(tensor, slot))
+                setattr(alias, slot, getattr(tensor, slot))
     # .grad of a non-leaf is only readable without torch's warning when it is retained.
-    grad = tensor.grad if tensor.retains_grad else None
-    if grad is None or not with_grad:
-        return grad
-    twin.grad = grad
-    return None
+    if tensor.retains_grad and tensor.grad is not None:
+        alias.grad = tensor.grad

@@ -667,4 +667,6 @@ def test_a_scope_left_inside_its_own_copy_still_reports_that_copy() -> None:
     deepcopy_shim.enable("silent")  # what applies once the scope is left
     scope.start()
     messages = warned(lambda: copy.deepcopy(obj))
-    assert [m.paths for m in messages] == [("[0]",)]  # what warn met; [2] was met in silent
+    # One report, in the mode the copy began in: [2], met after the scope was left, too.
+    assert [m.paths for m in messages] == [("[0]", "[2]")]
+    assert deepcopy_shim.current_mode().mode == "silent"  # and what applies now is the global one

@@ -22,6 +22,7 @@ import sys
 import textwrap
 import threading
 import types
+import unittest.mock
 from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
@@ -492,3 +493,33 @@ def test_marking_the_package_for_dynamo_from_two_threads_at_once_marks_what_one_
     assert set(marked) == set(alone)
     assert {_compiler.keep_out.__code__, _patch.acquire.__code__,
             _dispatch.DispatchTable.get.__code__} <= set(alone)
+
+
+def test_a_module_loaded_after_an_install_and_every_nested_function_are_kept_from_dynamo() -> None:
+    """A module of the package that is not loaded when the patch is first made is marked by a
+    later install, once loaded; functions defined inside functions (the tensor patch's own, a
+    class made in a function) are marked with the function that defines them."""
+    from deepcopy_shim import _compiler, _tensor, _tested
+
+    if _compiler._skip is None and _compiler._skipper() is None:
+        pytest.skip("this torch has no frame skip")
+    marked: List[types.CodeType] = []
+    saved = (_compiler._unmarked, _compiler._skip)
+    late = sys.modules.pop(_tested.__name__)  # as if not loaded yet at the first install
+    try:
+        _compiler._unmarked, _compiler._skip = None, None
+        with unittest.mock.patch.object(_compiler, "_skipper", lambda: marked.append):
+            _compiler.keep_out()
+            assert "deepcopy_shim._tested" in (_compiler._unmarked or [])
+            sys.modules["deepcopy_shim._tested"] = late  # loaded now
+            _compiler.keep_out()  # the next install
+        assert "deepcopy_shim._tested" not in (_compiler._unmarked or [])
+    finally:
+        sys.modules["deepcopy_shim._tested"] = late
+        _compiler._unmarked, _compiler._skip = saved
+    tested = {late.torch_newer_than_tested.__code__, late.tested_range_text.__code__}
+    assert tested <= set(marked)  # (another module may have marked them already, importing them)
+    nested = {const.co_name for const in _tensor.make_tensor_deepcopy_wrapper.__code__.co_consts
+              if isinstance(const, types.CodeType)}
+    assert {"tensor_deepcopy", "bound_deepcopy"} <= nested
+    assert {c.co_name for c in marked if c.co_filename == _tensor.__file__} >= nested | {"__get__"}

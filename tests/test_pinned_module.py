@@ -425,11 +425,6 @@ class RegistersOnAsking(dict):  # type: ignore[type-arg]
         return super().get(key, default)
 
 
-@pytest.mark.xfail(strict=True, reason="_copy_state checks the hook dicts together when it meets "
-                                       "the first OrderedDict and again only after a value it "
-                                       "copies with deepcopy: a memo subclass's get, called for "
-                                       "each empty container, is code that can fill a hook dict "
-                                       "already checked")
 def test_a_hook_dict_a_memos_get_fills_during_the_copy_is_copied_as_it_is_then() -> None:
     """Native deepcopy asks the memo for each container in turn; a memo whose get registers a
     hook when asked about _backward_hooks (before _forward_hooks in the state) makes the

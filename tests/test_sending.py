@@ -510,7 +510,7 @@ def test_a_refusal_and_a_warning_pickle_as_what_they_say() -> None:
     warning = caught[0].message
     back = pickle.loads(ForkingPickler.dumps(warning))
     assert type(back) is DetachedTensorsWarning and str(back) == str(warning)
-    assert back.paths == ("['h']",) and back.tensors == ()  # the tensors stay behind
+    assert back.paths == ("['h']",) and back.tensors == (None,)  # the tensors stay behind: absent
 
 
 # --- a DataLoader worker's default collate --------------------------------------------------
