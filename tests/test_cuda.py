@@ -290,6 +290,7 @@ def test_a_tensor_with_history_sent_through_a_spawn_queue_arrives_as_a_leaf_on_t
     returns to where it was once the child has let go of them (torch keeps each sent block until
     the receiver releases it: the shim keeps no copy of its own)."""
     import gc
+    import threading
 
     import torch.multiprocessing as tmp
     from support.sending_programs import cuda_receive
@@ -301,17 +302,29 @@ def test_a_tensor_with_history_sent_through_a_spawn_queue_arrives_as_a_leaf_on_t
     baseline = torch.cuda.memory_allocated()
     ctx = tmp.get_context("spawn")
     inbox, outbox = ctx.SimpleQueue(), ctx.Queue()
-    child = ctx.Process(target=cuda_receive, args=(inbox, outbox, count))
+    child = ctx.Process(target=cuda_receive, args=(inbox, outbox, count), daemon=True)
     child.start()
-    try:
+    answer: List[Any] = []
+
+    def send_all() -> None:
         with deepcopy_shim.enabled("silent"):
             for _ in range(count):
                 inbox.put(source)  # SimpleQueue pickles in this thread, in the scope
-        assert outbox.get(timeout=300) is None
+        answer.append(outbox.get(timeout=300))
+
+    # A hard limit: a put blocks for good once the pipe is full and the child has stopped
+    # reading, so the sends run in a thread that the test stops waiting for.
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    try:
+        sender.join(420)
+        assert not sender.is_alive(), "hung: the sends or the child's answer took over 420 s"
+        assert answer == [None], answer  # the child's answer: what was wrong, or None
     finally:
         child.join(120)
         if child.is_alive():
             child.kill()
+            child.join(30)
     assert child.exitcode == 0
     gc.collect()
     torch.cuda.ipc_collect()

@@ -3,24 +3,33 @@ spawn and DataLoader workers, under fork, spawn and forkserver.
 
 Each case runs a child program of ``support/sending_programs.py`` with ``DEEPCOPY_SHIM`` set to the
 mode (unset: off), so the mode reaches the program and every child it starts as it does a user's:
-no line of the program names the shim.  Every program runs once per start method and mode, with
-a hard time limit; each of its waits has its own (a dropped item ends a wait with an error, never a
-hang).  In mode off each test first checks torch's own behaviour, which is what the modes change.
+no line of the program names the shim (``PYTHONPATH``, where set, is kept: the children import the
+package under test).  Every program runs once per start method and mode, with a hard time limit
+(`run_bounded`: past it the program and every process it started are killed and the test fails);
+each of its waits has its own (a dropped item ends a wait with an error, never a hang).  In mode
+off each test first checks torch's own behaviour, which is what the modes change.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any, Dict, Tuple
 
 import pytest
-from support.processes import DEV_PYTHON, REPO, clean_env, describe
+from support.processes import DEV_PYTHON, REPO, describe, run_bounded, same_code_env
 
 MODES = ("off", "warn", "strict", "silent")
 TORCH_WORDS = "Cowardly refusing to serialize non-leaf tensor which requires_grad"
 AUTOGRAD_WORDS = "functions with out=... arguments don't support automatic differentiation"
+# Seconds one program may run, every process it starts included: past it, all are killed and the
+# test fails (see `run_bounded`).  The slowest, `dataloader` under spawn, takes about 40 s on a
+# 2-core machine.
+HARD_LIMIT = 300
 _runs: Dict[Tuple[str, str, str], Tuple[Dict[str, Any], str]] = {}
 
 
@@ -28,14 +37,46 @@ def program(name: str, method: str, mode: str) -> Tuple[Dict[str, Any], str]:
     """The result and stderr of `python -m support.sending_programs name method` in `mode`, run once."""
     key = (name, method, mode)
     if key not in _runs:
-        proc = subprocess.run([DEV_PYTHON, "-m", "support.sending_programs", name, method],
-                              cwd=REPO / "tests", env=clean_env(None if mode == "off" else mode),
-                              capture_output=True, text=True, timeout=300)
+        proc = run_bounded([DEV_PYTHON, "-m", "support.sending_programs", name, method],
+                           cwd=REPO / "tests", env=same_code_env(None if mode == "off" else mode),
+                           timeout=HARD_LIMIT)
         assert proc.returncode == 0, describe(proc)
         results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         assert len(results) == 1, describe(proc)
         _runs[key] = (json.loads(results[0][len("RESULT "):]), proc.stderr)
     return _runs[key]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads a process's state in /proc")
+def test_a_program_that_hangs_fails_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    """The hard limit itself: a program whose child never ends (and holds its pipes) fails the
+    test at the limit, and both are gone."""
+    pid_file = tmp_path / "child.pid"
+    hanging = (f"import subprocess, sys, time\n"
+               f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+               f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+               f"time.sleep(600)\n")
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match="hung: killed after 8 s"):
+        run_bounded([DEV_PYTHON, "-c", hanging], env=same_code_env(), timeout=8)
+    assert time.monotonic() - started < 60
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (killed, not yet reaped by init) is gone for this purpose
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def assert_leaf(arrived: Dict[str, Any], values: Any, requires_grad: bool = True) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -76,17 +77,42 @@ if __name__ == "__main__":
 def fit(tmp_path: Path, mode: str) -> Dict[str, Any]:
     script = tmp_path / "ddp_spawn_fit.py"
     script.write_text(SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "DEEPCOPY_SHIM")}
+    # PYTHONPATH, where set, is kept: the ranks import the package under test.
+    env = {key: value for key, value in os.environ.items() if key != "DEEPCOPY_SHIM"}
     env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     if mode != "off":
         env["DEEPCOPY_SHIM"] = mode
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    stdout, stderr, returncode = run_bounded([sys.executable, str(script)], env, tmp_path, HARD_LIMIT)
+    assert returncode == 0, stdout + stderr
+    (line,) = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     result: Dict[str, Any] = json.loads(line[len("RESULT "):])
-    result["stderr"] = proc.stderr
+    result["stderr"] = stderr
     return result
+
+
+# Seconds one fit may take, the ranks included (about 12 s on a 2-core machine).
+HARD_LIMIT = 300
+
+
+def run_bounded(args: List[str], env: Dict[str, str], cwd: Path, timeout: float) -> Tuple[str, str, int]:
+    """Run the script in a session of its own; at `timeout` it and every rank it started are
+    killed and the test fails: a hang (a rank waiting for the other forever) never blocks."""
+    posix = hasattr(os, "killpg")
+    proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=posix)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if posix:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = "", ""
+        pytest.fail(f"hung: killed after {timeout} s with its ranks\n{stdout}\n{stderr}")
+    return stdout, stderr, proc.returncode
 
 
 @pytest.mark.parametrize("mode", ["off", "warn", "strict", "silent"])

@@ -315,7 +315,7 @@ def cuda_receive(inbox: Any, outbox: Any, count: int) -> None:
     for index in range(count):
         tensor = inbox.get(timeout=WAIT)
         if wrong is None and not (tensor.is_leaf and tensor.requires_grad and tensor.is_cuda
-                                  and float(tensor.sum()) == 2.0 * tensor.numel()):
+                                  and float(tensor.detach().sum()) == 2.0 * tensor.numel()):
             wrong = f"item {index}: {describe(tensor)}"
         del tensor
     torch.cuda.synchronize()
