@@ -1,4 +1,4 @@
-"""The words: every message deepcopy-shim shows about a copy, in one place.
+"""The words: every message deepcopy-shim shows about a copy or a send, in one place.
 
 Rules for all of them: the first line says what happened in a few words (it is what a terminal,
 a log line or a docs page shows without scrolling); the tensors follow one per line, at most
@@ -205,9 +205,8 @@ def _listing(entries: Sequence[Entry], where_all: str,
     return lines
 
 
-
 # --- Sending to another process (see `_sending`) and a DataLoader worker's collate (see
-# `_worker_collate`): the same rules, in the words of a send.
+# `_worker_collate`): the same rules and the same words as a copy's, with "send" for "copy".
 
 _SENT_ITSELF = "<the object sent itself>"
 
