@@ -593,3 +593,60 @@ def test_a_collate_entry_of_someone_elses_is_left_alone(put_back: None) -> None:
     assert collate.default_collate_fn_map[torch.Tensor] is _theirs
     deepcopy_shim.disable()
     assert collate.default_collate_fn_map[torch.Tensor] is _theirs
+
+
+# --- the words: a send says what a copy says, with "send" for "copy" --------------------------
+
+
+@pytest.mark.parametrize("door", ["code", "environment", "scope"])
+def test_a_sends_messages_are_a_copys_in_the_words_of_a_send(door: str) -> None:
+    """Warn and strict for a send and for a copy of the same object in the same setting: the same
+    tensor lines, the same mode sentence naming where the mode came from and how to write the
+    others there, the same advice, the same way of quoting torch."""
+    from deepcopy_shim import _report
+    from deepcopy_shim._access import Entry
+    from deepcopy_shim._modes import Mode, ModeSetting, Source
+
+    how = {"code": (Source.CODE, "deepcopy_shim.enable('{}')"),
+           "environment": (Source.ENVIRONMENT, "DEEPCOPY_SHIM={}"),
+           "scope": (Source.SCOPE, "deepcopy_shim.enabled('{}')")}[door]
+    root = nn.Linear(2, 2)
+    entries = [Entry(history(), ".last_out", None), Entry(history(2, 2), ".cache['mid']", None)]
+
+    def flat(text: str) -> str:
+        return " ".join(text.split())
+
+    warn = ModeSetting(Mode.WARN, how[0], how[1])
+    copied = _report.detached_warning(root, warn, entries)
+    sent_words = _report.send_detached_warning(root, warn, entries)
+    assert copied.splitlines()[0].endswith("detached 2 tensors with autograd history:")
+    assert sent_words.splitlines()[0] == ("deepcopy_shim: sending a Linear to another process "
+                                          "detached 2 tensors with autograd history:")
+    assert copied.splitlines()[1:3] == sent_words.splitlines()[1:3]  # the tensors, one a line
+    for words in (copied, sent_words):
+        assert "a leaf with the same values and requires_grad, without the graph" in flat(words)
+    assert (f"Mode 'warn' is set by {warn.spelled()}: {warn.spelled('silent')} copies without this "
+            f"warning, {warn.spelled('strict')} refuses such copies; or detach these tensors before "
+            "copying.") in flat(copied)
+    assert (f"Mode 'warn' is set by {warn.spelled()}: {warn.spelled('silent')} sends without this "
+            f"warning, {warn.spelled('strict')} refuses such sends; or detach these tensors before "
+            "sending.") in flat(sent_words)
+
+    strict = ModeSetting(Mode.STRICT, how[0], how[1])
+    torch_words = "Cowardly refusing to serialize non-leaf tensor which requires_grad, since ..."
+    copied = _report.strict_refusal(root, strict, entries, None, torch_words)
+    sent_words = _report.send_refusal(root, strict, entries, None, torch_words)
+    assert copied.splitlines()[0] == ("deepcopy_shim: refused to copy a Linear holding 2 tensors "
+                                      "with autograd history:")
+    assert sent_words.splitlines()[0] == ("deepcopy_shim: refused to send a Linear holding 2 tensors "
+                                          "with autograd history to another process:")
+    assert copied.splitlines()[1:3] == sent_words.splitlines()[1:3]
+    for words, verb in ((copied, "copies"), (sent_words, "sends")):
+        assert (f"Mode 'strict' is set by {strict.spelled()}." in flat(words)
+                and "nothing in the source was detached." in flat(words))
+        assert (f"{strict.spelled('warn')} or {strict.spelled('silent')} {verb} these tensors as "
+                "detached leaves") in flat(words)
+        assert "or detach or drop them before" in flat(words)
+        assert words.splitlines()[-3:] == ["    obj.last_out = obj.last_out.detach()",
+                                           "    del obj.last_out",
+                                           "torch's refusal: " + torch_words]
