@@ -207,10 +207,14 @@ class SendingPatch:
         self.keys = [cls for cls, reducer in list(self.reducers.items()) if reducer is self.original]
         self.reduce = _reducer(self.original, tensor_deepcopy)
         self.dumps = vars(self.pickler)["dumps"]
-        self.dumps_patch = wrapt.FunctionWrapper(self.dumps, _sender(_dumps_arguments, self), enabled=_wanted)
+        # The wrappers hold the pickler class, not this patch (which holds them): no reference
+        # cycle, so an installation removed is freed at once, without the garbage collector.
+        self.dumps_patch = wrapt.FunctionWrapper(self.dumps, _sender(_dumps_arguments, self.pickler),
+                                                 enabled=_wanted)
         self.module: Any = reduction
         self.dump = reduction.dump
-        self.dump_patch = wrapt.FunctionWrapper(self.dump, _sender(_dump_arguments, self), enabled=_wanted)
+        self.dump_patch = wrapt.FunctionWrapper(self.dump, _sender(_dump_arguments, self.pickler),
+                                                enabled=_wanted)
 
     def unchanged(self) -> bool:
         """True if what this patch read is still there (nobody changed it meanwhile)."""
@@ -261,9 +265,10 @@ def _dump_arguments(obj: Any, file: Any, protocol: Optional[int] = None) -> Tupl
     return obj, protocol
 
 
-def _sender(arguments: Callable[..., Tuple[Any, Optional[int]]], patch: SendingPatch) -> Callable[..., Any]:
+def _sender(arguments: Callable[..., Tuple[Any, Optional[int]]], pickler: Any) -> Callable[..., Any]:
     """The wrapt wrapper of `dumps` or `dump` (whose arguments `arguments` reads): the call is a
-    send of its own, made and ended here."""
+    send of its own, made and ended here.  `pickler`: `ForkingPickler`, whose reducers the survey
+    uses where the call is not the class's own (`dump`)."""
 
     def send(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
              kwargs: Dict[str, Any]) -> Any:
@@ -278,7 +283,7 @@ def _sender(arguments: Callable[..., Tuple[Any, Optional[int]]], patch: SendingP
                 return wrapped(*args, **kwargs)
             finally:
                 _current.reset(token)
-        running = Send(root, setting, protocol, instance if isinstance(instance, type) else patch.pickler)
+        running = Send(root, setting, protocol, instance if isinstance(instance, type) else pickler)
         token = _current.set(running)
         try:
             sent = wrapped(*args, **kwargs)
@@ -291,9 +296,37 @@ def _sender(arguments: Callable[..., Tuple[Any, Optional[int]]], patch: SendingP
     return send
 
 
+def _reduce_in(running: Send, tensor: torch.Tensor, original: _Reducer,
+               tensor_deepcopy: Callable[[torch.Tensor, Any], torch.Tensor]) -> Any:
+    """The reduction of the tensor with history `tensor`, met by the send `running`."""
+    if running.setting.mode is Mode.STRICT:
+        try:
+            return original(tensor)  # torch refuses (the same test as the reducer's): its very error
+        except RuntimeError as exc:
+            raise running.refusal(tensor, str(exc)) from exc
+    return running.detached(tensor, original, tensor_deepcopy)
+
+
+def _alone(tensor: torch.Tensor, setting: ModeSetting, original: _Reducer,
+           tensor_deepcopy: Callable[[torch.Tensor, Any], torch.Tensor]) -> Any:
+    """The reduction of the tensor with history `tensor` as a send of its own (a pickler used
+    directly, no send running)."""
+    alone = Send(tensor, setting, None, ForkingPickler)
+    token = _current.set(alone)
+    try:
+        reduced = _reduce_in(alone, tensor, original, tensor_deepcopy)
+    finally:
+        _current.reset(token)
+        alone.end()
+    alone.report()
+    return reduced
+
+
 def _reducer(original: _Reducer,
              tensor_deepcopy: Callable[[torch.Tensor, Any], torch.Tensor]) -> _Reducer:
-    """The wrapper of torch's `reduce_tensor` (`original`) that the pickler's table holds."""
+    """The wrapper of torch's `reduce_tensor` (`original`) that the pickler's table holds.  What
+    it calls is module functions, not closures of its own: nothing of an installation refers
+    back to itself, so a removed one is freed at once, without the garbage collector."""
     current = _current.get
     current_setting = _current_setting
 
@@ -303,24 +336,8 @@ def _reducer(original: _Reducer,
         if setting is None or not tensor.requires_grad or tensor.is_leaf:
             return original(tensor)
         if running is None:  # a ForkingPickler used directly: this tensor is a send of its own
-            return _alone(tensor, setting)
-        if setting.mode is Mode.STRICT:
-            try:
-                return original(tensor)  # torch refuses (the same test as above): its very error
-            except RuntimeError as exc:
-                raise running.refusal(tensor, str(exc)) from exc
-        return running.detached(tensor, original, tensor_deepcopy)
-
-    def _alone(tensor: torch.Tensor, setting: ModeSetting) -> Any:
-        alone = Send(tensor, setting, None, ForkingPickler)
-        token = _current.set(alone)
-        try:
-            reduced = reduce_tensor(tensor)
-        finally:
-            _current.reset(token)
-            alone.end()
-        alone.report()
-        return reduced
+            return _alone(tensor, setting, original, tensor_deepcopy)
+        return _reduce_in(running, tensor, original, tensor_deepcopy)
 
     # Named and documented as torch's, unwrapping to it (as the tensor patch is: see `_tensor`).
     reduce_tensor.__wrapped__ = original  # type: ignore[attr-defined]

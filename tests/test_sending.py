@@ -349,6 +349,7 @@ def test_the_survey_shares_no_memory_copies_no_data_and_duplicates_no_descriptor
     leaf, parameter, source = torch.ones(4), nn.Parameter(torch.ones(2)), history()
     reader, writer = multiprocessing.Pipe()
     try:
+        gc.collect()  # what earlier tests left for the collector closes no descriptor meanwhile
         descriptors = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
         met, failed = _send_survey.survey({"leaf": leaf, "p": parameter, "pipe": reader, "h": [source]},
                                           None, ForkingPickler._extra_reducers)  # type: ignore[attr-defined]
@@ -435,6 +436,22 @@ def test_installing_wraps_what_exists_and_removing_restores_the_very_same_object
     assert all(restored["reducers"][cls] is reductions.reduce_tensor for cls in ORIGINAL_SENDING["reducers"])
     for name in ("dumps", "dump", "collate"):
         assert restored[name] is ORIGINAL_SENDING[name], name
+
+
+def test_an_installation_removed_is_freed_without_the_garbage_collector() -> None:
+    """Nothing of the sending patch refers back to itself: installing and removing it (each
+    `deepcopy_shim.deepcopy()` call does) leaves no cycle for the collector."""
+    with deepcopy_shim.enabled("warn"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sent(history())  # warm: first-use caches are not garbage
+    gc.collect()
+    gc.disable()
+    try:
+        with deepcopy_shim.enabled("silent"):
+            sent(history())  # loaded: the descriptors it handed out are taken
+    finally:
+        gc.enable()
+    assert gc.collect() == 0
 
 
 def test_scopes_count_and_the_last_one_out_removes_the_patch() -> None:
