@@ -335,7 +335,10 @@ def existing_instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
             return None
     elif isinstance(obj, _Tensor):
         # A tensor's dict lives past its C struct; if made, it is among its GC referents.
-        if not any(type(ref) is dict for ref in gc.get_referents(obj)):
+        referents = gc.get_referents(obj)
+        if not referents:
+            return _hidden_tensor_dict(obj)
+        if not any(type(ref) is dict for ref in referents):
             return None
     # Otherwise a Python class's own dict, which always exists (native deepcopy's reduction
     # asks for it too).
@@ -345,6 +348,27 @@ def existing_instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
         return None
     return state if isinstance(state, dict) else None
 
+
+
+def _hidden_tensor_dict(tensor: _Tensor) -> Optional[Dict[str, Any]]:
+    """The instance dict of a tensor that shows the GC none of its references.
+
+    torch before 2.10 hides every reference of a tensor that C++ also holds (an autograd graph
+    saved it for backward, it retains its grad), its type and dict included.  Python 3.11's
+    `object.__getstate__` reads the dict without making one (None when there is none or it is
+    empty); before 3.11 the dict is read as torch's own deepcopy reads it, which makes an empty
+    one where there was none.
+    """
+    if _OBJECT_GETSTATE is None:
+        state = object.__getattribute__(tensor, "__dict__")
+    else:
+        state = _OBJECT_GETSTATE(tensor)
+        if isinstance(state, tuple):  # (dict, slots) of a subclass with slots
+            state = state[0]
+    return state if isinstance(state, dict) else None
+
+
+_OBJECT_GETSTATE: Any = getattr(object, "__getstate__", None)  # Python 3.11 and later
 
 
 def _searchable(obj: Any) -> bool:

@@ -40,9 +40,10 @@ __tracebackhide__ = True
 _Tensor = torch.Tensor
 _quiet = torch._C.DisableTorchFunction
 _Parameter = torch.nn.Parameter
-# torch 2.1 and later clear a tensor's non-serializable caches from the dict they copy; torch
-# 2.0's Tensor.__deepcopy__ copies the whole dict, and never calls a subclass's own method.
-_CLEARS_CACHES = hasattr(_Tensor, "_clear_non_serializable_cached_data")
+# torch's Tensor.__deepcopy__ clears a tensor's non-serializable caches before it copies the
+# instance dict since torch 2.6 (earlier ones had the method for pickling only): asked of the
+# running torch's own code, not of its version.
+_CLEARS_CACHES = "_clear_non_serializable_cached_data" in _Tensor.__deepcopy__.__code__.co_names
 # The setting a survey's copy runs in: its semantics are silent's.
 _SETTING = ModeSetting(Mode.SILENT, Source.SCOPE, "deepcopy_shim.find_nonleaf_tensors(obj)")
 # torch's words for its refusal, for a copy a scope without the shim makes inside a survey.

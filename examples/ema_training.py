@@ -13,7 +13,7 @@ import torch.nn as nn
 import deepcopy_shim
 
 # Notices of other libraries, not of the shim: silenced, so that what you see is what the shim says.
-warnings.filterwarnings("ignore", r"`torch\.nn\.utils\.weight_norm` is deprecated", FutureWarning)
+warnings.filterwarnings("ignore", r"`?torch\.nn\.utils\.weight_norm`? is deprecated")
 
 
 class Model(nn.Module):

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import deepcopy_shim
 
 # Notices of other libraries, not of the shim: silenced, so that what you see is what the shim says.
-warnings.filterwarnings("ignore", r"`torch\.nn\.utils\.weight_norm` is deprecated", FutureWarning)
+warnings.filterwarnings("ignore", r"`?torch\.nn\.utils\.weight_norm`? is deprecated")
 warnings.filterwarnings("ignore", module="lightning")  # its hints and deprecations
 logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available", tips
 

@@ -170,10 +170,28 @@ def test_state_dict_stager_gets_natives_result_in_every_mode(mode: str, cached: 
                 for name, t in sorted(vars(staged).get("_parameters", {}).items())] + [
             (type(out), getattr(out, "requires_grad", None))]
 
-    native = summary(stage())
+    def outcome() -> Any:
+        try:
+            return summary(stage())
+        except RuntimeError as refused:
+            return refused
+
+    native = outcome()
     with deepcopy_shim.enabled(mode):
-        shim = summary(stage())  # no warning (pytest makes ours errors), no refusal
-    assert shim == native
+        shim = outcome()  # no warning (pytest makes ours errors)
+    if not isinstance(native, RuntimeError):
+        assert shim == native
+        return
+    # torch 2.8 and 2.9: the stager stages its own leaf copy of the tensor, then calls the
+    # tensor's __deepcopy__ too, and torch's refuses it.  strict refuses where torch refuses;
+    # in warn and silent the memo's copy, the stager's own, is the copy (nothing is detached,
+    # nothing is reported), as torch 2.10 and later stage it.
+    assert "graph leaves" in str(native)
+    if mode == "strict":
+        assert isinstance(shim, deepcopy_shim.NonLeafTensorError)
+        assert "graph leaves" in str(shim.__cause__)  # torch's own refusal, as its cause
+    else:
+        assert shim[-1] == (torch.Tensor, False)
 
 
 # torch.compile runs on Python 3.11 from torch 2.1, on 3.12 from 2.4, on 3.13 from 2.6 (torch 2.0
@@ -252,8 +270,11 @@ kinds = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8
          torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128]
 results = [seen({"n": 1, "t": torch.ones(2), "m": layer}), seen(layer), seen({"a": 1, "b": [2, 3]}),
            seen({str(kind): torch.ones(2, dtype=kind) for kind in kinds})]
-whole = torch.compile(copies, backend="eager", fullgraph=True)(torch.ones(2), {"a": 1, "b": [2, 3]})
-print(repr((results, repr(whole))))
+try:  # torch before 2.12 cannot trace copy.deepcopy with fullgraph=True: the same refusal
+    whole = repr(torch.compile(copies, backend="eager", fullgraph=True)(torch.ones(2), {"a": 1, "b": [2, 3]}))
+except Exception as refused:
+    whole = f"{type(refused).__name__}: {str(refused).splitlines()[0]}"
+print(repr((results, whole)))
 """
 
 
@@ -274,7 +295,7 @@ def test_compiled_code_that_deep_copies_is_traced_as_natively(door: str) -> None
         return ast.literal_eval(done.stdout.strip().splitlines()[-1])
 
     (results, whole), (native_results, native_whole) = traced(door), traced("native")
-    assert whole == native_whole  # fullgraph=True compiles a copy of plain data, as natively
+    assert whole == native_whole  # fullgraph=True compiles a copy of plain data as natively, or refuses it
     renamed = {"Attempted to copy.deepcopy a tensor": "Unsupported method call"}
     # a dict holding a module and a tensor; a module as the root; plain data; tensors of 12
     # dtypes (a frame of the shim's compiled by dynamo would be recompiled for each)

@@ -9,6 +9,8 @@ apart from the code as written are in ``tools/mutation-equivalents/_tensor.toml`
 from __future__ import annotations
 
 import copy
+import gc
+import sys
 import warnings
 from types import MethodType
 from typing import Any, Callable, Dict, List, Tuple
@@ -400,13 +402,6 @@ def test_slots_of_a_subclass_with_history_are_deep_copied_through_the_memo_as_a_
     assert not hasattr(made, "unset") and not hasattr(t, "unset")
 
 
-_TORCH_HIDES_SHARED_REFERENTS = pytest.mark.xfail(
-    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 1), strict=True,
-    reason="torch < 2.1 shows the GC no reference of a tensor C++ shares (a graph saved it), so "
-           "its instance dict is not found without making one (CHANGELOG: known limitations)")
-
-
-@_TORCH_HIDES_SHARED_REFERENTS
 def test_a_retained_grad_is_met_before_the_tensors_dict_as_torch_copies_them() -> None:
     """torch's own copy takes `.grad` before `__dict__`: a retained grad with history and a
     tensor with history in the dict are named in that order by warn, strict and
@@ -431,10 +426,10 @@ def test_a_retained_grad_is_met_before_the_tensors_dict_as_torch_copies_them() -
     assert tuple(path for path, _ in deepcopy_shim.find_nonleaf_tensors(root)) == order
 
 
-@_TORCH_HIDES_SHARED_REFERENTS
 def test_a_tensor_an_autograd_graph_saved_keeps_its_attributes() -> None:
-    """Its instance dict is found however torch traverses it (torch 2.0 shows a GC nothing of
-    a tensor that C++ shares, as a graph that saved it for backward does)."""
+    """Its instance dict is found however torch traverses it (torch before 2.10 shows the GC
+    nothing of a tensor that C++ shares, as a graph that saved it for backward does), and none
+    is made where there was none (Python 3.11 and later read it without making one)."""
     weight = torch.ones(3, requires_grad=True)
     t = weight * 2
     loss = (t * t).sum()  # saves t for backward
@@ -445,4 +440,11 @@ def test_a_tensor_an_autograd_graph_saved_keeps_its_attributes() -> None:
             new = deepcopy_shim.deepcopy({"t": t}, mode)["t"]
         assert new.label == "kept" and new.cache.is_leaf and torch.equal(new.cache, t.cache)
     assert [p for p, _ in deepcopy_shim.find_nonleaf_tensors({"t": t})] == ["['t']", "['t'].cache"]
+    bare = weight * 4
+    saved = (bare * bare).sum()  # saved for backward, and no instance dict
+    new = deepcopy_shim.deepcopy({"t": bare}, "silent")["t"]
+    assert vars(new) == {} and new.requires_grad and torch.equal(new, bare)
+    if sys.version_info >= (3, 11):
+        del saved  # the graph lets go: the GC sees the tensor's references again
+        assert not any(type(ref) is dict for ref in gc.get_referents(bare))  # none was made
     loss.backward()

@@ -190,7 +190,8 @@ def _native_detaching(graph: Any, memo: Optional[Dict[int, Any]]) -> Tuple[List[
             return original(self, memo)  # type: ignore[no-any-return]
         if id(self) in memo:
             return memo[id(self)]  # type: ignore[no-any-return]
-        met.append(self)
+        if all(seen is not self for seen in met):  # one copy names a tensor once, where met first
+            met.append(self)
         alias = self.detach()
         memo.setdefault(id(memo), []).append(alias)  # keep the temporary's id its own
         made = original(alias, memo).requires_grad_(self.requires_grad)
@@ -228,6 +229,8 @@ HISTORY, LEAF = TensorSpec("history", 1), TensorSpec("leaf_grad", 2)
 TRICKY: Dict[str, Tuple[Any, List[TensorSpec]]] = {
     "fresh_copy_inside_after_an_outer_tensor": (
         ("list", [("tensor", 0), ("fresh_copy", {"a": ("tensor", 1)})]), [HISTORY, TensorSpec("history", 3)]),
+    "fresh_copy_inside_meets_a_tensor_met_before": (
+        ("list", [("tensor", 0), ("fresh_copy", {"a": ("tensor", 0)})]), [HISTORY]),
     "dropped_beside_copied": (("dict", {"a": ("drops", {"cache": ("tensor", 0)}), "b": ("tensor", 1)}),
                               [HISTORY, TensorSpec("history", 3)]),
     "hidden_by_reduce_and_getstate": (
@@ -426,7 +429,7 @@ def _oracle_detaching(graph: Any, memo: Optional[Dict[int, Any]]
             return original(self, memo)  # type: ignore[no-any-return]
         if id(self) in memo:
             return memo[id(self)]  # type: ignore[no-any-return]
-        if not _INNER[0]:
+        if not _INNER[0] and all(seen is not self for seen in met):  # named once, where met first
             met.append(self)
         alias = self.detach()
         memo.setdefault(id(memo), []).append(alias)
