@@ -2,8 +2,9 @@
 
 Versions and the tested ranges, the platform and the GPUs torch sees, the start-up hook,
 `DEEPCOPY_SHIM` and what it resolves to, the state of the patch in this process, and a live
-self-test of every mode on a real non-leaf tensor.  Exit status 1 when something is wrong: each
-problem is one `problem:` line of the report, and the first is also the one line on stderr.
+self-test of every mode on a real non-leaf tensor, copied and sent to another process (as
+multiprocessing pickles it).  Exit status 1 when something is wrong: each problem is one
+`problem:` line of the report, and the first is also the one line on stderr.
 """
 
 from __future__ import annotations
@@ -156,6 +157,48 @@ def _self_test() -> List[str]:
             except NonLeafTensorError as exc:
                 if exc.paths != ("",):
                     problems.append(f"mode strict named {exc.paths!r}, not the copied tensor itself")
+        problems += _send_self_test(source)
+    return problems
+
+
+def _send_self_test(source: Any) -> List[str]:
+    """Problems found sending the non-leaf tensor `source` to another process in every mode, as
+    multiprocessing pickles it ([] when all is well); what is sent is loaded back here, as a
+    receiver loads it."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+
+    from ._activation import enabled
+    from ._errors import DetachedTensorsWarning, NonLeafTensorError
+
+    problems = []
+    with enabled("off"):
+        try:
+            ForkingPickler.dumps(source)
+            problems.append("torch's multiprocessing sends non-leaf tensors itself")
+        except RuntimeError as exc:
+            if type(exc) is not RuntimeError or "non-leaf" not in str(exc):
+                problems.append(f"torch's multiprocessing refuses non-leaf tensors in unknown words: {exc}")
+    with enabled("silent"):
+        made = ForkingPickler.loads(ForkingPickler.dumps(source))
+    if not (made.is_leaf and made.requires_grad and torch.equal(made, source)
+            and made.data_ptr() != source.data_ptr()):
+        problems.append("mode silent did not send a detached leaf copy with equal values")
+    with enabled("warn"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ForkingPickler.dumps(source)
+    if [w.category for w in caught] != [DetachedTensorsWarning]:
+        problems.append(f"mode warn emitted {[w.category.__name__ for w in caught]} on a send, "
+                        "not one DetachedTensorsWarning")
+    with enabled("strict"):
+        try:
+            ForkingPickler.dumps(source)
+            problems.append("mode strict sent a non-leaf tensor instead of refusing it")
+        except NonLeafTensorError as exc:
+            if exc.paths != ("",) or type(exc.__cause__) is not RuntimeError:
+                problems.append(f"mode strict named {exc.paths!r} and gave {exc.__cause__!r} as the cause "
+                                "of its refusal to send, not the tensor itself and torch's error")
     return problems
 
 
@@ -225,7 +268,7 @@ def check() -> int:
             except Exception as exc:  # the patch could not even be installed: say why, once
                 test = [" ".join(str(exc).replace("deepcopy_shim: ", "", 1).split())]
             lines.append(f"  self-test      {'FAILED' if test else 'ok'} (native refusal; silent, "
-                         "warn and strict on a real non-leaf tensor)")
+                         "warn and strict on a real non-leaf tensor, copied and sent)")
             problems.extend(test)
     print("\n".join(lines))
     if problems:

@@ -8,6 +8,11 @@ Two attributes that exist change while the patch is installed, and nothing is ad
   becomes a `DispatchTable` (see `_dispatch`) standing in for the original dict; removal puts
   the very same dict back, holding every change made to the table meanwhile.
 
+Sending to another process changes what exists in the same way (see `_sending` and
+`_worker_collate`, each recording what it replaced): the `ForkingPickler._extra_reducers` entries
+holding torch's `reduce_tensor`, `ForkingPickler.dumps`, `multiprocessing.reduction.dump` and the
+default collate's entry for tensors; removal puts the very same objects back.
+
 Users of the patch (`enable()` counts as one, each active `enabled()` scope as one) call
 `acquire()` and `release()`.  The user is counted *before* anything is installed, so a
 post-import hook that fires at any moment sees it; installing waits for nothing while holding
@@ -59,7 +64,9 @@ class _Patch:
 
         from ._compiler import keep_out
         from ._dispatch import DispatchTable
+        from ._sending import SendingPatch
         from ._tensor import refusal_problem, tensor_patch
+        from ._worker_collate import CollatePatch
 
         keep_out()  # no frame of the shim's is ever compiled by torch.compile (see _compiler)
 
@@ -76,14 +83,26 @@ class _Patch:
                 "replaced it). Disable the other patch, or use torch's own copy."
             )
         self.table_patch = DispatchTable.standing_in_for(self.table, holding)
+        # Sending to another process: copies are made with torch's own Tensor.__deepcopy__.
+        self.sending = SendingPatch(self.original)
+        self.collate = CollatePatch()
+
+    def unchanged(self) -> bool:
+        """True if everything this patch read is still there (nobody replaced it meanwhile)."""
+        return (vars(self.tensor_cls).get("__deepcopy__") is self.original
+                and copy._deepcopy_dispatch is self.table  # type: ignore[attr-defined]
+                and self.sending.unchanged() and self.collate.unchanged())
 
     def apply(self) -> None:
-        """Write both attributes."""
+        """Write every attribute and entry."""
         self.tensor_cls.__deepcopy__ = self.tensor_patch
         copy._deepcopy_dispatch = self.table_patch  # type: ignore[attr-defined]
+        self.sending.apply()
+        self.collate.apply()
 
     def remove(self) -> List[str]:
-        """Restore both attributes where they are still ours; return the names that were not."""
+        """Restore every attribute and entry where it is still ours; return the names of those
+        that were not."""
         conflicts = []
         if vars(self.tensor_cls).get("__deepcopy__") is self.tensor_patch:
             self.tensor_cls.__deepcopy__ = self.original
@@ -93,7 +112,7 @@ class _Patch:
             copy._deepcopy_dispatch = self.table  # type: ignore[attr-defined]
         else:
             conflicts.append("copy._deepcopy_dispatch")
-        return conflicts
+        return conflicts + self.sending.remove() + self.collate.remove()
 
 
 def inert_reason() -> Optional[str]:
@@ -220,8 +239,7 @@ def _sync() -> None:
         # shim's, and its self-check says nothing about torch.
         if _installed is not None or _users == 0:
             return
-        if (vars(patch.tensor_cls).get("__deepcopy__") is not patch.original
-                or copy._deepcopy_dispatch is not patch.table):  # type: ignore[attr-defined]
+        if not patch.unchanged():
             retry = True
         elif patch.problem is not None:
             retry = False

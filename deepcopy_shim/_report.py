@@ -1,4 +1,4 @@
-"""The words: every message deepcopy-shim shows about a copy, in one place.
+"""The words: every message deepcopy-shim shows about a copy or a send, in one place.
 
 Rules for all of them: the first line says what happened in a few words (it is what a terminal,
 a log line or a docs page shows without scrolling); the tensors follow one per line, at most
@@ -26,9 +26,13 @@ __all__ = [
     "NOT_THE_END",
     "READ_BEFORE_THE_END",
     "SURVEY_INTERRUPTED",
+    "collate_detached_warning",
+    "collate_refusal",
     "detached_copy_failure",
     "detached_warning",
     "note_untested_torch_once",
+    "send_detached_warning",
+    "send_refusal",
     "strict_refusal",
 ]
 
@@ -180,10 +184,12 @@ def _fill(text: str) -> str:
     return textwrap.fill(text, _WIDTH, break_long_words=False, break_on_hyphens=False)
 
 
-def _listing(entries: Sequence[Entry], where_all: str) -> List[str]:
-    """One line per tensor; tensors without a spelled path grouped under their reason."""
+def _listing(entries: Sequence[Entry], where_all: str,
+             itself: str = "<the copied object itself>") -> List[str]:
+    """One line per tensor; tensors without a spelled path grouped under their reason; `itself`
+    is what the object the paths start from is called, where it is the tensor."""
     shown = entries[:MAX_LISTED]
-    lines = [f"  {e.label or '<the copied object itself>'}: {describe_tensor(e.tensor)}"
+    lines = [f"  {e.label or itself}: {describe_tensor(e.tensor)}"
              for e in shown if e.why is None]
     # Where no path reaches the tensors, say where and why once, then list them.
     groups: Dict[str, List[str]] = {}
@@ -198,3 +204,91 @@ def _listing(entries: Sequence[Entry], where_all: str) -> List[str]:
         lines.append(f"  ... and {hidden} more ({where_all})")
     return lines
 
+
+# --- Sending to another process (see `_sending`) and a DataLoader worker's collate (see
+# `_worker_collate`): the same rules and the same words as a copy's, with "send" for "copy".
+
+_SENT_ITSELF = "<the object sent itself>"
+
+
+def send_detached_warning(root: Any, setting: ModeSetting, entries: Sequence[Entry]) -> str:
+    """Mode warn: the send of `root` to another process is complete and detached `entries`."""
+    return "\n".join([
+        f"deepcopy_shim: sending {a_name_of(root)} to another process detached "
+        f"{_tensors(len(entries))} with autograd history:",
+        *_listing(entries, "all are in the warning's .paths", _SENT_ITSELF),
+        _fill(
+            "Each arrives as a leaf with the same values and requires_grad, without the graph, "
+            "in memory of its own: a copy, not shared with this process. "
+            f"Mode 'warn' is set by {setting.spelled()}: {setting.spelled('silent')} sends "
+            f"without this warning, {setting.spelled('strict')} refuses such sends; or detach "
+            "these tensors before sending."
+        ),
+    ])
+
+
+def send_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
+                 incomplete: Optional[str], torch_words: str) -> str:
+    """Mode strict: the send of `root` to another process would meet `entries`, so it is
+    refused.  `incomplete`: what stopped the survey of the send, if anything did; `torch_words`:
+    torch's own refusal, kept whole on the last line (code may look for its words)."""
+    example = next((e for e in entries if e.why is None and e.path), None)
+    how: List[str] = []
+    if example is not None:
+        target = f"obj{example.path}"  # a raw path starts with "." or "["
+        how = [f"    {target} = {target}.detach()", f"    del {target}"]
+    lines = [
+        f"deepcopy_shim: refused to send {a_name_of(root)} holding {_tensors(len(entries))} with "
+        "autograd history to another process:",
+        *_listing(entries, "all are in the error's .paths", _SENT_ITSELF),
+    ]
+    if incomplete is not None:
+        lines.append(_fill(
+            f"The list may be incomplete: the rest of the send could not be followed ({incomplete})."
+        ))
+    lines += [
+        _fill(
+            f"Mode 'strict' is set by {setting.spelled()}. Nothing was sent; nothing in the source "
+            f"was detached. {setting.spelled('warn')} or {setting.spelled('silent')} sends these "
+            "tensors as detached leaves (copies, not shared memory); or detach or drop them "
+            "before sending" + (", e.g. (obj is the object sent):" if how else ".")
+        ),
+        *how,
+        "torch's refusal: " + " ".join(torch_words.split()),
+    ]
+    return "\n".join(lines)
+
+
+def collate_detached_warning(setting: ModeSetting, entries: Sequence[Entry], requires_grad: bool) -> str:
+    """Mode warn: a DataLoader worker's default collate stacked the detached copies of the
+    samples' tensors `entries` (paths: `[i]`, the sample's place in the batch)."""
+    return "\n".join([
+        f"deepcopy_shim: a DataLoader worker's default collate detached {_tensors(len(entries))} "
+        "with autograd history (one per sample, by its place in the batch):",
+        *_listing(entries, "all are in the warning's .paths"),
+        _fill(
+            "The batch is stacked from their detached copies: a leaf with the same values "
+            f"(requires_grad={requires_grad}, as stacking them gives), without the graph, which "
+            f"cannot leave the worker. Mode 'warn' is set by {setting.spelled()}: "
+            f"{setting.spelled('silent')} collates without this warning, "
+            f"{setting.spelled('strict')} refuses such batches; or detach the samples in the "
+            "dataset."
+        ),
+    ])
+
+
+def collate_refusal(setting: ModeSetting, entries: Sequence[Entry], torch_words: str) -> str:
+    """Mode strict: a DataLoader worker's default collate met the samples' tensors with history
+    `entries`, so it refuses the batch; `torch_words`: torch's own error, kept whole."""
+    return "\n".join([
+        f"deepcopy_shim: refused to collate {_tensors(len(entries))} with autograd history in a "
+        "DataLoader worker (one per sample, by its place in the batch):",
+        *_listing(entries, "all are in the error's .paths"),
+        _fill(
+            f"Mode 'strict' is set by {setting.spelled()}. Nothing was collated; nothing in the "
+            f"samples was detached. {setting.spelled('warn')} or {setting.spelled('silent')} "
+            "stacks their detached copies into a leaf batch (the graph cannot leave the worker "
+            "either way); or detach the samples in the dataset."
+        ),
+        "torch's refusal: " + " ".join(torch_words.split()),
+    ])

@@ -248,8 +248,11 @@ def test_a_failed_copy_leaves_its_memo_plain_and_the_next_copy_reports_in_full(m
     assert dict.get(memo, id(memo)) is kept
     # Caught inside the scope, the error is handled before the scope ends: the memo gets its
     # list back at its next keep-alive, from any copy (here a native one), the very same list.
+    # (Every object whose id the memo holds is kept alive to the end: a list freed after its
+    # failed copy leaves its id in the memo, and a later list given that id is a memo hit.)
+    second = [with_history(), Raises()]
     with deepcopy_shim.enabled(mode), pytest.raises((ValueError, NonLeafTensorError)):
-        copy.deepcopy([with_history(), Raises()], memo)
+        copy.deepcopy(second, memo)
     copy.deepcopy([[]], memo)
     assert dict.get(memo, id(memo)) is kept
     again = [with_history()]

@@ -282,3 +282,52 @@ def test_the_ema_idiom() -> None:
                 for kept, live in zip(average.parameters(), model.parameters()):
                     kept.lerp_(live, 0.1)
     GraphDiff(model, oracle, ema).check()
+
+
+def test_a_tensor_with_history_sent_through_a_spawn_queue_arrives_as_a_leaf_on_the_device() -> None:
+    """Sending to another process (a spawn child, as CUDA needs): each of 1,000 sends arrives as a
+    leaf on the device with the tensor's values and requires_grad, and the sender's device memory
+    returns to where it was once the child has let go of them (torch keeps each sent block until
+    the receiver releases it: the shim keeps no copy of its own)."""
+    import gc
+    import threading
+
+    import torch.multiprocessing as tmp
+    from support.sending_programs import cuda_receive
+
+    count = 1000
+    with torch.enable_grad():
+        source = torch.ones(256, device="cuda", requires_grad=True) * 2
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    ctx = tmp.get_context("spawn")
+    inbox, outbox = ctx.SimpleQueue(), ctx.Queue()
+    child = ctx.Process(target=cuda_receive, args=(inbox, outbox, count), daemon=True)
+    child.start()
+    answer: List[Any] = []
+
+    def send_all() -> None:
+        with deepcopy_shim.enabled("silent"):
+            for _ in range(count):
+                inbox.put(source)  # SimpleQueue pickles in this thread, in the scope
+        answer.append(outbox.get(timeout=300))
+
+    # A hard limit: a put blocks for good once the pipe is full and the child has stopped
+    # reading, so the sends run in a thread that the test stops waiting for.
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    try:
+        sender.join(420)
+        assert not sender.is_alive(), "hung: the sends or the child's answer took over 420 s"
+        assert answer == [None], answer  # the child's answer: what was wrong, or None
+    finally:
+        child.join(120)
+        if child.is_alive():
+            child.kill()
+            child.join(30)
+    assert child.exitcode == 0
+    gc.collect()
+    torch.cuda.ipc_collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == baseline
+    assert not source.is_leaf  # the source is never touched

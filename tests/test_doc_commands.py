@@ -80,6 +80,11 @@ def _startup_quick(command: str) -> str:
     return re.sub(r"--torch-runs\s+\d+", "--torch-runs 1", command)
 
 
+def _sending_quick(command: str) -> str:
+    # 51 rounds of six cases, ~20 s; three rounds run every case and print the table.
+    return command + " --runs 3 --warmup 1"
+
+
 def _suite_quick(command: str) -> str:
     # The README's test command is the whole suite, this file included: collect it, which checks
     # the command line and that every test module imports (under coverage, as written, with the
@@ -100,6 +105,7 @@ NEEDS: List[Tuple[str, str]] = [
 QUICK: List[Tuple[str, Callable[[str], str]]] = [
     (r"benchmarks/bench_copy\.py", _bench_quick),
     (r"benchmarks/startup_activation\.py", _startup_quick),
+    (r"benchmarks/bench_sending\.py", _sending_quick),
     (r"^\S*python3?\s+-m\s+(coverage\s+run\s+-m\s+)?pytest\b", _suite_quick),
 ]
 

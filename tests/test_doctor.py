@@ -383,7 +383,8 @@ def _misbehaving(monkeypatch: pytest.MonkeyPatch, **per_mode: Callable[[torch.Te
     def deepcopy(x: Any, memo: Any = None) -> Any:
         mode = deepcopy_shim.current_mode()
         how = per_mode.get(mode.mode.value if mode is not None else "off")
-        return real(x, memo) if how is None else how(x)
+        # Tensors only: torch's own Tensor.__deepcopy__ deep-copies the storage (the send's copy).
+        return real(x, memo) if how is None or not isinstance(x, torch.Tensor) else how(x)
 
     monkeypatch.setattr(copy, "deepcopy", deepcopy)
 
@@ -479,3 +480,40 @@ def test_the_one_line_names_the_first_problem_and_a_value_is_quoted_whole(
     assert problems[1].startswith("  problem: invalid DEEPCOPY_SHIM value 'deepcopy_shim: loud'")
     assert err == f"deepcopy_shim --check: {problems[0][len('  problem: '):]}\n"
     assert "deepcopy_shim.pth is not in this environment's site-packages" in err
+
+
+# --- the self-test of sending to another process: each way of getting it wrong is named ------
+
+def _sends_the_source(self: Any, tensor: torch.Tensor, original: Any, deepcopy: Any) -> Any:
+    self.met.append(tensor)
+    return original(tensor.detach())  # no copy: the receiver would share the sender's memory
+
+
+def _warns_twice(self: Any) -> None:
+    for _ in range(2 if self.setting.mode is deepcopy_shim.Mode.WARN else 0):
+        warnings.warn("x", DetachedTensorsWarning, stacklevel=1)
+
+
+def _names_another(self: Any, tensor: torch.Tensor, torch_words: str) -> Any:
+    return deepcopy_shim.NonLeafTensorError("refused", paths=("x",))
+
+
+_WRONG_SENDS = {
+    "silent shares the source": ("detached", _sends_the_source,
+                                 "mode silent did not send a detached leaf copy with equal values"),
+    "warn twice": ("report", _warns_twice, "mode warn emitted ['DetachedTensorsWarning', "
+                                           "'DetachedTensorsWarning'] on a send"),
+    "strict names another": ("refusal", _names_another,
+                             "mode strict named ('x',) and gave RuntimeError("),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(_WRONG_SENDS))
+def test_the_self_test_names_each_way_a_send_can_go_wrong(
+        monkeypatch: pytest.MonkeyPatch, wrong: str) -> None:
+    from deepcopy_shim import _sending
+
+    method, replacement, problem = _WRONG_SENDS[wrong]
+    monkeypatch.setattr(_sending.Send, method, replacement)
+    found = _doctor._self_test()
+    assert len(found) == 1 and found[0].startswith(problem), found

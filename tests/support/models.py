@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import ctypes
+from multiprocessing import reduction
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Dict, Set
 
 import pytest
 import torch
 import torch.nn as nn
+from torch.multiprocessing.reductions import reduce_tensor
+from torch.utils.data._utils import collate
 
 import deepcopy_shim
 from deepcopy_shim import _modes
@@ -33,6 +37,26 @@ def module_attrs() -> Dict[str, Any]:
 
 
 ORIGINAL_MODULE_ATTRS = module_attrs()
+
+# The keys of multiprocessing's pickler table whose value is torch's tensor reducer.
+_TENSOR_KEYS = [cls for cls, reducer in ForkingPickler._extra_reducers.items()  # type: ignore[attr-defined]
+                if reducer is reduce_tensor]
+
+
+def sending_objects() -> Dict[str, Any]:
+    """What the shim replaces while installed for sending to another process, as it is now: the
+    table entries that held torch's tensor reducer, ``ForkingPickler.dumps`` (the classmethod
+    object in the class dict), ``multiprocessing.reduction.dump`` and the default collate's entry
+    for tensors."""
+    return {
+        "reducers": {cls: ForkingPickler._extra_reducers.get(cls) for cls in _TENSOR_KEYS},  # type: ignore[attr-defined]
+        "dumps": vars(ForkingPickler)["dumps"],
+        "dump": reduction.dump,
+        "collate": collate.default_collate_fn_map.get(torch.Tensor),
+    }
+
+
+ORIGINAL_SENDING = sending_objects()
 
 
 def with_history(*shape: int) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -79,6 +80,32 @@ def run(args: Sequence[Union[str, Path]], env: Dict[str, str], cwd: Optional[Pat
         timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in args], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def run_bounded(args: Sequence[Union[str, Path]], env: Dict[str, str], cwd: Optional[Path] = None,
+                timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`run()` with a hard limit for a child that starts processes of its own (spawn and
+    forkserver children, a forkserver, pool and DataLoader workers): the child runs in a session
+    of its own, and at `timeout` it and every process it started are killed and the test fails
+    with what they printed. A hang fails; it never blocks the suite, and nothing it started
+    outlives it (a grandchild holding the pipes would make a plain `run()` wait for it)."""
+    posix = hasattr(os, "killpg")
+    proc = subprocess.Popen([str(a) for a in args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=posix)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if posix:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(its output could not be read: a process outside its session holds it)"
+        raise AssertionError(f"hung: killed after {timeout} s, with every process it started\n"
+                             f"--- stdout\n{out}\n--- stderr\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def run_code(python: Union[str, Path], code: str, env: Dict[str, str],
