@@ -32,7 +32,7 @@ import sys
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -109,18 +109,38 @@ def native_outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
 def native_met(fn: Callable[[], Any]) -> Tuple[Any, List[torch.Tensor]]:
     """Run ``fn()`` natively, with torch's ``Tensor.__deepcopy__`` replaced by a recorder.
 
-    Returns ``(result, met)``: ``met`` lists, in order, every non-leaf tensor that native deepcopy
-    met during the call, i.e. every tensor at which torch would have raised (the recorder copies it
-    as ``detach().clone()`` instead, so the call runs to its end).  This is the oracle the
-    scenarios' expected paths are checked against; it knows nothing of the shim.
+    Returns ``(result, met)``: ``met`` lists, in order, the non-leaf tensors that native deepcopy
+    met during the call, i.e. the tensors at which torch would have raised (the recorder copies
+    each as ``detach().clone()`` instead, so the call runs to its end), each once per top-level
+    copy, at its first meeting: one copy names a tensor once, however many times it meets it
+    (a ``__deepcopy__`` that copies an attribute with a fresh memo meets it again).  A top-level
+    copy is the outermost ``copy.deepcopy`` call on the stack, however it was reached.  This is
+    the oracle the scenarios' expected paths are checked against; it knows nothing of the shim.
     """
     _require_native()
     met: List[torch.Tensor] = []
+    # (id of the outermost deepcopy frame, id of the tensor) for each first meeting; the frames
+    # are kept until the call ends, so that no later top-level copy's frame gets an id reused.
+    seen: Set[Tuple[int, int]] = set()
+    frames: List[Any] = []
     original = ORIGINAL_TENSOR_DEEPCOPY
+    deepcopy_code = copy.deepcopy.__code__
+
+    def top_level_copy() -> Any:
+        outermost, frame = None, sys._getframe(2)
+        while frame is not None:
+            if frame.f_code is deepcopy_code:
+                outermost = frame
+            frame = frame.f_back
+        return outermost
 
     def recorder(self: torch.Tensor, memo: Dict[int, Any]) -> torch.Tensor:
         if not self.is_leaf:  # torch checks this before its memo, so every call is a meeting
-            met.append(self)
+            outermost = top_level_copy()
+            if (id(outermost), id(self)) not in seen:
+                seen.add((id(outermost), id(self)))
+                frames.append(outermost)
+                met.append(self)
             if id(self) in memo:
                 return memo[id(self)]
             with torch.no_grad():
