@@ -651,7 +651,7 @@ def plain_data_targets(t: Targets) -> None:
     which the shim stands in for, about every object, plain data included: at most 1.35x
     native there, whether a mode applies or not."""
     t.ratio("shim / native (a mode applies)", "plain data", SHIM, NATIVE, 1.35, False)
-    t.ratio("shim / native (installed, no mode here)", "plain data", INSTALLED, NATIVE, 1.35, False)
+    t.ratio("shim / native (installed, no mode applies)", "plain data", INSTALLED, NATIVE, 1.35, False)
 
 
 # The models native deepcopy copies, in the GPU's plan.
