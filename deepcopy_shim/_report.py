@@ -94,6 +94,16 @@ SURVEY_INTERRUPTED = "the survey of the copy was interrupted"
 _NOT_FOLLOWED = (READ_BEFORE_THE_END, NOT_THE_END, INSIDE_ANOTHER_COPY, SURVEY_INTERRUPTED)
 
 
+def _ways_out(entries: Sequence[Entry]) -> List[str]:
+    """The two lines of a refusal's example, for the first tensor with a path a user can spell
+    (`obj` is the object copied or sent); none where no tensor has one."""
+    example = next((e for e in entries if e.why is None and e.path), None)
+    if example is None:
+        return []
+    target = f"obj{example.path}"  # a raw path starts with "." or "["
+    return [f"    {target} = {target}.detach()", f"    del {target}"]
+
+
 def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
                    incomplete: Optional[str] = None, torch_words: Optional[str] = None) -> str:
     """Mode strict: the copy of `root` would meet `entries`, so it is refused.
@@ -105,11 +115,7 @@ def strict_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
     for torch's words ("graph leaves") in the message still finds them.
     """
     count = len(entries)
-    example = next((e for e in entries if e.why is None and e.path), None)
-    how: List[str] = []
-    if example is not None:
-        target = f"obj{example.path}"  # a raw path starts with "." or "["
-        how = [f"    {target} = {target}.detach()", f"    del {target}"]
+    how = _ways_out(entries)
     lines = [
         f"deepcopy_shim: refused to copy {a_name_of(root)} holding {_tensors(count)} with autograd history:",
         *_listing(entries, "all are in the error's .paths"),
@@ -232,11 +238,7 @@ def send_refusal(root: Any, setting: ModeSetting, entries: Sequence[Entry],
     """Mode strict: the send of `root` to another process would meet `entries`, so it is
     refused.  `incomplete`: what stopped the survey of the send, if anything did; `torch_words`:
     torch's own refusal, kept whole on the last line (code may look for its words)."""
-    example = next((e for e in entries if e.why is None and e.path), None)
-    how: List[str] = []
-    if example is not None:
-        target = f"obj{example.path}"  # a raw path starts with "." or "["
-        how = [f"    {target} = {target}.detach()", f"    del {target}"]
+    how = _ways_out(entries)
     lines = [
         f"deepcopy_shim: refused to send {a_name_of(root)} holding {_tensors(len(entries))} with "
         "autograd history to another process:",
