@@ -20,7 +20,7 @@ from ._errors import (
 )
 from ._modes import Mode, ModeSetting, ModeValueError, Source
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "DeepcopyShimWarning",
